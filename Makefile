@@ -1,0 +1,58 @@
+# The two commands a reader needs are `make book` and `make test`; both set up .venv themselves.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Outputs must repeat: one thread, progress bars off (they write timings), a fixed hash seed.
+NB_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONHASHSEED=0 AC_PROGRESS=0 MPLBACKEND=module://matplotlib_inline.backend_inline
+
+.PHONY: help venv book test test-unit test-notebooks test-site execute serve lint clean
+
+help:
+	@echo "make book    build the site into _build/html"
+	@echo "make test    unit + property tests, nbval over every notebook, strict site build"
+	@echo "make execute re-run every notebook in place (the canonical run whose outputs are committed)"
+	@echo "make serve   serve _build/html on http://127.0.0.1:8000"
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@touch $@
+
+venv: $(STAMP)
+
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . --keep-going
+	@echo "The site is at $(CURDIR)/_build/html/index.html"
+
+test: test-unit test-notebooks test-site
+
+test-unit: $(STAMP)
+	$(VENV)/bin/ruff check attention_core tests scripts
+	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider tests
+
+test-notebooks: $(STAMP)
+	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg book
+
+test-site: $(STAMP)
+	rm -rf _build
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	@echo "The site is at $(CURDIR)/_build/html/index.html"
+
+execute: $(STAMP)
+	$(NB_ENV) $(PY) scripts/execute_notebooks.py $(NOTEBOOKS)
+
+serve: $(STAMP)
+	$(PY) -m http.server --bind 127.0.0.1 --directory _build/html 8000
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check attention_core tests scripts
+
+clean:
+	rm -rf _build

@@ -1,0 +1,41 @@
+"""attention_core: the library behind the attention book.
+
+One API for the whole lineage of attention, from Nadaraya-Watson kernel regression to fused kernels.
+The public names below are the contract; everything else is an implementation detail.
+"""
+
+from attention_core.backends import available_backends, get_backend, use_backend
+from attention_core.functional import attention_weights, masked_softmax, scaled_dot_product_attention
+from attention_core.kernel_regression import KERNELS, nadaraya_watson, nadaraya_watson_weights
+from attention_core.masks import (
+    causal_mask,
+    from_torch_mha_mask,
+    padding_mask,
+    to_additive_mask,
+    to_bool_mask,
+    to_torch_mha_mask,
+)
+from attention_core.modules import MultiHeadAttention
+from attention_core import scoring
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KERNELS",
+    "MultiHeadAttention",
+    "attention_weights",
+    "available_backends",
+    "causal_mask",
+    "from_torch_mha_mask",
+    "get_backend",
+    "masked_softmax",
+    "nadaraya_watson",
+    "nadaraya_watson_weights",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "scoring",
+    "to_additive_mask",
+    "to_bool_mask",
+    "to_torch_mha_mask",
+    "use_backend",
+]
