@@ -1,0 +1,121 @@
+"""Notebook discipline (STYLE.md section 4), checked on the committed notebooks.
+
+nbval checks that stored outputs repeat; these tests check what nbval cannot: that the stored outputs
+come from one clean, in-order run, that nothing failed, that widgets carry their saved state, and that
+the escape hatches (NBVAL_IGNORE_OUTPUT / NBVAL_SKIP) stay within budget.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+MARKERS = ("NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION")
+MARKER_TAGS = ("nbval-ignore-output", "nbval-skip", "raises-exception")
+MARKER_BUDGET = 0.10
+
+
+def _code_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+
+
+def _config() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+def _toc_files(node) -> list[str]:
+    files = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("file", "root"):
+                files.append(value)
+            else:
+                files.extend(_toc_files(value))
+    elif isinstance(node, list):
+        for item in node:
+            files.extend(_toc_files(item))
+    return files
+
+
+def test_there_are_notebooks() -> None:
+    assert NOTEBOOKS, "book/ holds no notebooks"
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def nb(request):
+    return nbformat.read(request.param, as_version=4)
+
+
+def test_every_code_cell_ran_once_in_order(nb) -> None:
+    counts = [c.execution_count for c in _code_cells(nb)]
+    assert None not in counts, f"{counts.count(None)} code cell(s) were never executed"
+    assert counts == list(range(1, len(counts) + 1)), f"execution counts out of order: {counts}"
+
+
+def test_no_error_or_stderr_output(nb) -> None:
+    for i, cell in enumerate(_code_cells(nb)):
+        for out in cell.get("outputs", []):
+            assert out.output_type != "error", f"code cell {i} stored an error: {out.get('ename')}"
+            if out.output_type == "stream":
+                assert out.name != "stderr", f"code cell {i} wrote to stderr: {out.text[:200]!r}"
+
+
+def test_widget_views_have_saved_state(nb) -> None:
+    views = [
+        out["data"][WIDGET_VIEW]["model_id"]
+        for cell in _code_cells(nb)
+        for out in cell.get("outputs", [])
+        if WIDGET_VIEW in out.get("data", {})
+    ]
+    if not views:
+        return
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    missing = [m for m in views if m not in state]
+    assert not missing, f"{len(missing)} widget view(s) lack saved state (run `make execute`)"
+
+
+def test_ignore_and_skip_markers_within_budget(nb) -> None:
+    cells = _code_cells(nb)
+    marked = [
+        c for c in cells
+        if any(m in c.source for m in MARKERS) or any(t in c.metadata.get("tags", []) for t in MARKER_TAGS)
+    ]
+    assert len(marked) <= MARKER_BUDGET * len(cells), (
+        f"{len(marked)} of {len(cells)} code cells are marked to skip or ignore output; "
+        f"the budget is {MARKER_BUDGET:.0%}"
+    )
+
+
+def test_first_code_cell_installs_from_the_configured_repository(nb) -> None:
+    url = _config()["repository"]["url"]
+    first = _code_cells(nb)[0].source
+    assert '"google.colab" in sys.modules' in first, "the first code cell must guard the install for Colab"
+    match = re.search(r"%pip install .*git\+(\S+?)[\"'@\s]", first)
+    assert match, "the first code cell must %pip install attention-core from the repository"
+    assert match.group(1).rstrip("/") == url.rstrip("/"), (
+        f"Colab install URL {match.group(1)} differs from _config.yml repository.url {url}"
+    )
+    assert "setup(" in first, "the first code cell must seed and choose DEVICE through notebook.setup()"
+
+
+def test_notebook_opens_with_a_title(nb) -> None:
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.lstrip().startswith("# "), (
+        "a chapter starts with a markdown cell holding its '# ' title"
+    )
+
+
+def test_toc_lists_every_book_file_and_nothing_missing() -> None:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    listed = set(_toc_files(toc))
+    on_disk = {str(p.relative_to(ROOT).with_suffix("")) for p in (ROOT / "book").glob("*") if p.suffix in (".md", ".ipynb")}
+    assert on_disk - listed == set(), f"in book/ but not in _toc.yml: {sorted(on_disk - listed)}"
+    assert listed - on_disk == set(), f"in _toc.yml but not in book/: {sorted(listed - on_disk)}"
