@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Outputs must repeat: one thread, progress bars off (they write timings), a fixed hash seed.
 NB_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONHASHSEED=0 AC_PROGRESS=0 MPLBACKEND=module://matplotlib_inline.backend_inline
 
-.PHONY: help venv book test test-unit test-notebooks test-site execute serve lint clean
+.PHONY: help venv site-assets book test test-unit test-notebooks test-site execute serve lint clean
 
 help:
 	@echo "make book    build the site into _build/html"
@@ -26,7 +26,26 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
-book: $(STAMP)
+# JavaScript the site serves itself (no CDN reaches a reader offline or this machine): installed from
+# the npm registry with the exact versions in site/package-lock.json, then only the files pages use.
+VENDOR := _static/vendor
+HTML_MANAGER := site/node_modules/@jupyter-widgets/html-manager/dist
+MATHJAX := site/node_modules/mathjax/es5
+$(VENDOR)/.installed: site/package.json site/package-lock.json
+	cd site && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/mathjax/output/chtml/fonts $(VENDOR)/mathjax/input/tex
+	cp site/node_modules/requirejs/require.js $(VENDOR)/require.js
+	cp $(HTML_MANAGER)/embed-amd.js $(HTML_MANAGER)/*.woff2 $(HTML_MANAGER)/*.woff \
+		$(HTML_MANAGER)/*.ttf $(HTML_MANAGER)/*.eot $(HTML_MANAGER)/*.svg $(VENDOR)/
+	cp $(MATHJAX)/tex-chtml.js $(VENDOR)/mathjax/
+	cp -r $(MATHJAX)/output/chtml/fonts/woff-v2 $(VENDOR)/mathjax/output/chtml/fonts/
+	cp -r $(MATHJAX)/input/tex/extensions $(VENDOR)/mathjax/input/tex/
+	cp -r $(MATHJAX)/ui $(MATHJAX)/a11y $(VENDOR)/mathjax/
+	@touch $@
+
+site-assets: $(VENDOR)/.installed
+
+book: $(STAMP) site-assets
 	$(VENV)/bin/jupyter-book build . --keep-going
 	@echo "The site is at $(CURDIR)/_build/html/index.html"
 
@@ -34,16 +53,18 @@ test: test-unit test-notebooks test-site
 
 test-unit: $(STAMP)
 	$(VENV)/bin/ruff check attention_core tests scripts
-	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider tests
+	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider --ignore=tests/browser tests
 
 test-notebooks: $(STAMP)
 	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg book
 
-test-site: $(STAMP)
+test-site: $(STAMP) site-assets
 	rm -rf _build
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 	@echo "The site is at $(CURDIR)/_build/html/index.html"
+	scripts/ensure_chromium.sh
+	$(PY) -m pytest -q -p no:cacheprovider tests/browser
 
 execute: $(STAMP)
 	$(NB_ENV) $(PY) scripts/execute_notebooks.py $(NOTEBOOKS)

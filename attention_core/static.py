@@ -1,0 +1,207 @@
+"""Interactivity that keeps working on the static site, where no Python kernel runs.
+
+A live ipywidgets callback does nothing on a rendered page. The helpers here produce self-contained
+HTML (markup plus a few lines of inline JavaScript, no network) for the three things a site reader
+should still be able to do:
+
+- :func:`frame_slider`: move a slider over precomputed figures (e.g. one per bandwidth);
+- :func:`quiz_html`: answer a multiple-choice question and get feedback;
+- :func:`answer_box_html`: type a number and have it checked against the expected value.
+
+:func:`with_static_fallback` pairs a live widget with such HTML in one output: Jupyter and Colab show
+the widget, the site (which prefers ``text/html`` over a widget view, see ``_config.yml``) shows the
+HTML. Element ids are derived from the content, so re-running a notebook gives identical outputs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import io
+import json
+from typing import Any, Sequence
+
+__all__ = ["answer_box_html", "figure_to_data_uri", "frame_slider", "quiz_html", "with_static_fallback"]
+
+
+class HTML:
+    """A minimal rich-display object holding HTML (IPython renders it; ``str`` gives the markup)."""
+
+    def __init__(self, markup: str) -> None:
+        self.markup = markup
+
+    def _repr_html_(self) -> str:
+        return self.markup
+
+    def __str__(self) -> str:
+        return self.markup
+
+    def __repr__(self) -> str:
+        return f"<attention_core.static.HTML, {len(self.markup)} characters>"
+
+
+def _uid(kind: str, *parts: Any) -> str:
+    digest = hashlib.sha1(json.dumps([kind, *map(str, parts)]).encode()).hexdigest()[:10]
+    return f"ac-{kind}-{digest}"
+
+
+def figure_to_data_uri(fig: Any, *, dpi: int = 80) -> str:
+    """Render a matplotlib figure to a ``data:image/png;base64,...`` URI and close the figure."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def frame_slider(
+    frames: Sequence[Any],
+    values: Sequence[Any],
+    *,
+    label: str,
+    alt: str,
+    initial: int = 0,
+    dpi: int = 80,
+) -> HTML:
+    """A slider over precomputed figures: works in any browser, with no kernel.
+
+    Args:
+        frames: matplotlib figures (closed after rendering) or ready ``data:`` URIs, one per value.
+        values: the parameter value each frame shows (printed beside the slider).
+        label: the parameter's name, e.g. ``"bandwidth h"``.
+        alt: alt text for the figure (the value is appended per frame).
+        initial: index of the frame shown first.
+        dpi: resolution of rendered figures.
+
+    Returns:
+        An :class:`HTML` object; display it in a notebook cell.
+
+    Raises:
+        ValueError: if ``frames`` is empty, lengths differ, or ``initial`` is out of range.
+    """
+    if len(frames) == 0:
+        raise ValueError("frames: expected at least one figure, got none")
+    if len(frames) != len(values):
+        raise ValueError(f"values: expected one value per frame ({len(frames)}), got {len(values)}")
+    if not 0 <= initial < len(frames):
+        raise ValueError(f"initial: expected an index in [0, {len(frames) - 1}], got {initial}")
+    uris = [f if isinstance(f, str) else figure_to_data_uri(f, dpi=dpi) for f in frames]
+    uid = _uid("frames", label, *values)
+    imgs = "\n".join(
+        f'<img class="ac-frame" src="{uri}" alt="{html.escape(alt)} ({html.escape(label)} = {html.escape(str(v))})"'
+        f' style="display:{"block" if i == initial else "none"};max-width:100%">'
+        for i, (uri, v) in enumerate(zip(uris, values))
+    )
+    labels = json.dumps([str(v) for v in values])
+    markup = f"""<div class="ac-frames" id="{uid}">
+<label>{html.escape(label)} = <output class="ac-frames-value">{html.escape(str(values[initial]))}</output>
+<input type="range" class="ac-frames-range" min="0" max="{len(frames) - 1}" step="1" value="{initial}"
+ aria-label="{html.escape(label)}" style="vertical-align:middle;width:14em"></label>
+{imgs}
+</div>
+<script>(function () {{
+  var root = document.getElementById("{uid}");
+  if (!root || root.dataset.bound) return;
+  root.dataset.bound = "1";
+  var labels = {labels}, imgs = root.querySelectorAll(".ac-frame");
+  var range = root.querySelector(".ac-frames-range"), out = root.querySelector(".ac-frames-value");
+  range.addEventListener("input", function () {{
+    var k = Number(range.value);
+    imgs.forEach(function (img, i) {{ img.style.display = i === k ? "block" : "none"; }});
+    out.textContent = labels[k];
+  }});
+}})();</script>"""
+    return HTML(markup)
+
+
+def quiz_html(question: str, options: Sequence[str], answer_index: int, explanation: str = "") -> HTML:
+    """A multiple-choice question answerable on the static page, with feedback on each click.
+
+    Raises:
+        ValueError: if there are fewer than two options or ``answer_index`` is out of range.
+    """
+    if len(options) < 2:
+        raise ValueError(f"options: expected at least two choices, got {len(options)}")
+    if not 0 <= answer_index < len(options):
+        raise ValueError(f"answer_index: expected an index in [0, {len(options) - 1}], got {answer_index}")
+    uid = _uid("quiz", question, *options)
+    buttons = "\n".join(
+        f'<button type="button" class="ac-quiz-option" data-correct="{int(i == answer_index)}">'
+        f"{html.escape(opt)}</button>"
+        for i, opt in enumerate(options)
+    )
+    right = json.dumps("Correct. " + explanation)
+    markup = f"""<div class="ac-quiz" id="{uid}" style="border-left:4px solid #0072B2;padding:0.4em 0.8em">
+<p class="ac-quiz-question"><strong>Quiz.</strong> {html.escape(question)}</p>
+<div class="ac-quiz-options" style="display:flex;flex-direction:column;gap:0.3em;align-items:flex-start">
+{buttons}
+</div>
+<p class="ac-quiz-feedback" role="status" aria-live="polite"></p>
+</div>
+<script>(function () {{
+  var root = document.getElementById("{uid}");
+  if (!root || root.dataset.bound) return;
+  root.dataset.bound = "1";
+  var feedback = root.querySelector(".ac-quiz-feedback");
+  root.querySelectorAll(".ac-quiz-option").forEach(function (button) {{
+    button.addEventListener("click", function () {{
+      var ok = button.dataset.correct === "1";
+      feedback.textContent = ok ? {right} : "Not quite: think again and pick another answer.";
+      feedback.style.color = ok ? "#009E73" : "#D55E00";
+    }});
+  }});
+}})();</script>"""
+    return HTML(markup)
+
+
+def answer_box_html(prompt: str, expected: float, *, rtol: float = 1e-2, atol: float = 1e-6) -> HTML:
+    """A number box checked in the browser against ``expected`` (``|x - e| <= atol + rtol*|e|``)."""
+    uid = _uid("answer", prompt, expected)
+    markup = f"""<div class="ac-answer" id="{uid}">
+<label>{html.escape(prompt)} <input type="number" step="any" class="ac-answer-input" style="width:8em"></label>
+<button type="button" class="ac-answer-check">Check</button>
+<span class="ac-answer-feedback" role="status" aria-live="polite"></span>
+</div>
+<script>(function () {{
+  var root = document.getElementById("{uid}");
+  if (!root || root.dataset.bound) return;
+  root.dataset.bound = "1";
+  var input = root.querySelector(".ac-answer-input"), out = root.querySelector(".ac-answer-feedback");
+  root.querySelector(".ac-answer-check").addEventListener("click", function () {{
+    var x = parseFloat(input.value), e = {float(expected)!r};
+    var ok = isFinite(x) && Math.abs(x - e) <= {atol!r} + {rtol!r} * Math.abs(e);
+    out.textContent = ok ? " Correct." : " Not yet: check your working.";
+    out.style.color = ok ? "#009E73" : "#D55E00";
+  }});
+}})();</script>"""
+    return HTML(markup)
+
+
+class _WithStaticFallback:
+    """Displays a live widget (Jupyter, Colab) and static HTML (the rendered site) as one output."""
+
+    def __init__(self, widget: Any, static: HTML) -> None:
+        self.widget = widget
+        self.static = static
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        if hasattr(self.widget, "_repr_mimebundle_"):  # ipywidgets 8
+            data = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
+        else:  # ipywidgets 7.x has no mimebundle method: build the view reference by hand
+            data = {
+                "text/plain": repr(self.widget),
+                "application/vnd.jupyter.widget-view+json": {
+                    "version_major": 2,
+                    "version_minor": 0,
+                    "model_id": self.widget.model_id,
+                },
+            }
+        data["text/html"] = self.static.markup
+        return data
+
+
+def with_static_fallback(widget: Any, static: HTML) -> _WithStaticFallback:
+    """Pair a live widget with HTML that works without a kernel; display the result in a cell."""
+    return _WithStaticFallback(widget, static)
