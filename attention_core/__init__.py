@@ -4,6 +4,7 @@ One API for the whole lineage of attention, from Nadaraya-Watson kernel regressi
 The public names below are the contract; everything else is an implementation detail.
 """
 
+from attention_core import scoring
 from attention_core.backends import available_backends, get_backend, use_backend
 from attention_core.functional import attention_weights, masked_softmax, scaled_dot_product_attention
 from attention_core.kernel_regression import KERNELS, nadaraya_watson, nadaraya_watson_weights
@@ -16,7 +17,6 @@ from attention_core.masks import (
     to_torch_mha_mask,
 )
 from attention_core.modules import MultiHeadAttention
-from attention_core import scoring
 
 __version__ = "0.1.0"
 

@@ -116,6 +116,7 @@ def test_notebook_opens_with_a_title(nb) -> None:
 def test_toc_lists_every_book_file_and_nothing_missing() -> None:
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     listed = set(_toc_files(toc))
-    on_disk = {str(p.relative_to(ROOT).with_suffix("")) for p in (ROOT / "book").glob("*") if p.suffix in (".md", ".ipynb")}
+    pages = [p for p in (ROOT / "book").glob("*") if p.suffix in (".md", ".ipynb")]
+    on_disk = {str(p.relative_to(ROOT).with_suffix("")) for p in pages}
     assert on_disk - listed == set(), f"in book/ but not in _toc.yml: {sorted(on_disk - listed)}"
     assert listed - on_disk == set(), f"in _toc.yml but not in book/: {sorted(listed - on_disk)}"

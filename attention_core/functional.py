@@ -1,0 +1,307 @@
+"""Attention as functions: validate at the edge, then dispatch to a backend.
+
+:func:`scaled_dot_product_attention` has the semantics of ``torch.nn.functional.scaled_dot_product_attention``
+(torch 2.13), including its broadcasting of leading dims, plus one promise torch keeps on the CPU and this
+library keeps everywhere: a query row whose keys are all masked gives zeros, never NaN.
+
+The layout of one call::
+
+    query (..., Hq, L, E)   key (..., H, S, E)   value (..., H, S, Ev)   attn_mask -> (..., Hq, L, S)
+        |  _prepare: check types, dtypes, devices, ranks, sizes, flags; broadcast the leading dims
+        v
+    canonical (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev), mask 4-D      (see attention_core.backends)
+        |  resolve_backend: backend= > use_backend(...) > automatic
+        v
+    out (B, Hq, L, Ev)  ->  (..., Hq, L, Ev)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from attention_core._checks import (
+    broadcast_or_none,
+    check_bool_flag,
+    check_dropout,
+    check_floating,
+    check_mask_broadcasts,
+    check_min_rank,
+    check_same_device,
+    check_same_dtype,
+    check_scale,
+    check_tensor,
+    fmt_shape,
+)
+from attention_core.backends import AttentionInputs, resolve_backend
+from attention_core.backends import reference as _reference
+
+__all__ = ["attention_weights", "attention_with_weights", "masked_softmax", "scaled_dot_product_attention"]
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``softmax(query @ key^T * scale + mask) @ value``, computed by a chosen backend.
+
+    Args:
+        query: (..., Hq, L, E), floating.
+        key: (..., H, S, E), query's dtype and device.
+        value: (..., H, S, Ev), query's dtype and device.
+        attn_mask: ``None``; bool (True = the pair takes part); or float, added to the scores (bool, float32
+            or the query's dtype). Must broadcast to (..., Hq, L, S). Not together with ``is_causal``.
+        dropout_p: dropout probability on the weights, in [0, 1); kept weights are scaled by 1/(1-p).
+        is_causal: mask with ``tril(ones(L, S))`` (upper-left aligned: query i sees keys 0..i).
+        scale: multiplies the scores; default ``1/sqrt(E)``.
+        enable_gqa: grouped-query attention: key/value head h serves query heads h*G .. h*G+G-1, G = Hq/H.
+            Without it, leading dims (heads included) broadcast as in ``torch.matmul``.
+        backend: a name from :func:`attention_core.available_backends`; ``None`` uses the
+            :func:`attention_core.use_backend` default, else the automatic choice.
+
+    Returns:
+        (..., Hq, L, Ev) in the query's dtype, where ``...`` is the broadcast of the inputs' leading dims.
+        Rows whose keys are all masked are zeros.
+
+    Raises:
+        TypeError, ValueError: a bad argument (the message names it, what was seen and what was expected),
+            or a backend that cannot run here or cannot handle these inputs.
+    """
+    p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__} {backend!r}")
+    inputs = AttentionInputs(
+        p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa
+    )
+    out = resolve_backend(backend, inputs).run(inputs)  # (B, Hq, L, Ev)
+    return out.reshape(*p.lead, out.shape[-2], out.shape[-1])  # (B, Hq, L, Ev) -> (..., Hq, L, Ev)
+
+
+def attention_with_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like :func:`scaled_dot_product_attention` (always the reference backend), also returning the weights.
+
+    Returns:
+        ``(out, weights)``: (..., Hq, L, Ev) and the softmax weights (..., Hq, L, S) before dropout.
+    """
+    p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    out, weights = _reference.attention_with_weights(
+        p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa
+    )
+    L, S, Ev = weights.shape[-2], weights.shape[-1], out.shape[-1]
+    return out.reshape(*p.lead, L, Ev), weights.reshape(*p.lead, L, S)  # (B, Hq, ., .) -> (..., Hq, ., .)
+
+
+def attention_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """The attention weights ``softmax(query @ key^T * scale + mask)``, validated like the full attention.
+
+    Args:
+        query: (..., Hq, L, E), floating.
+        key: (..., H, S, E).
+        attn_mask, is_causal, scale, enable_gqa: as in :func:`scaled_dot_product_attention`.
+
+    Returns:
+        (..., Hq, L, S) in the query's dtype; each row sums to 1, or is all 0 when its keys are all masked.
+    """
+    p = _prepare(query, key, None, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    weights = _reference.attention_weights(p.query, p.key, p.attn_mask, is_causal, p.scale, enable_gqa)
+    return weights.reshape(*p.lead, weights.shape[-2], weights.shape[-1])  # (B, Hq, L, S) -> (..., Hq, L, S)
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: int = -1) -> torch.Tensor:
+    """Softmax along ``dim`` that ignores masked entries; a fully masked row becomes zeros, never NaN.
+
+    Masked entries are filled with ``-inf`` (so they get exactly 0 weight) and rows that end up all ``-inf``
+    are guarded; see :func:`attention_core.backends.reference.softmax_with_mask` for why ``-inf`` beats
+    ``-1e9``. Gradients stay finite everywhere (zero for masked entries and for fully masked rows).
+
+    Args:
+        scores: floating tensor of any shape, e.g. (..., L, S).
+        mask: ``None``; bool, True = keep; or float, added to ``scores`` (cast to its dtype). Must broadcast
+            to ``scores.shape``.
+        dim: the dimension that sums to 1.
+
+    Returns:
+        Tensor of ``scores``' shape and dtype.
+    """
+    check_tensor(scores, "scores")
+    check_floating(scores, "scores")
+    n = max(scores.dim(), 1)
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -n <= dim < n:
+        raise ValueError(f"dim must be an int in [-{scores.dim()}, {scores.dim()}), got {dim!r}")
+    if mask is not None:
+        _check_mask_kind(mask, "mask")
+        check_same_device(scores=scores, mask=mask)
+        check_mask_broadcasts(mask, "mask", scores.shape, "scores.shape")
+        if mask.dtype != torch.bool:
+            mask = mask.to(scores.dtype)
+    return _reference.softmax_with_mask(scores, mask, dim)
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+
+class _Prepared(NamedTuple):
+    """Canonical 4-D inputs and the leading dims to restore on the way out."""
+
+    query: torch.Tensor  # (B, Hq, L, E)
+    key: torch.Tensor  # (B, H, S, E)
+    value: torch.Tensor | None  # (B, H, S, Ev)
+    attn_mask: torch.Tensor | None  # 4-D, broadcasts to (B, Hq, L, S); bool or query's dtype
+    dropout_p: float
+    scale: float
+    lead: tuple[int, ...]  # the broadcast leading dims "..., Hq" of the output
+
+
+def _check_mask_kind(mask: object, name: str) -> torch.Tensor:
+    check_tensor(mask, name)
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(
+            f"{name} must be bool (True = takes part) or floating (added), got dtype {mask.dtype}"
+        )
+    return mask
+
+
+def _prepare(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor | None,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> _Prepared:
+    """Validate every argument of an attention call and bring the tensors to the canonical 4-D layout."""
+    named = {"query": query, "key": key} if value is None else {"query": query, "key": key, "value": value}
+    for name, t in named.items():
+        check_tensor(t, name)
+    check_floating(query, "query")
+    check_same_dtype(**named)
+    check_same_device(**named)
+    check_bool_flag(is_causal, "is_causal")
+    check_bool_flag(enable_gqa, "enable_gqa")
+    dropout_p = check_dropout(dropout_p)
+    scale = check_scale(scale)
+    min_rank, layout = (3, "(..., H, N, E) with enable_gqa=True") if enable_gqa else (2, "(..., N, E)")
+    for name, t in named.items():
+        check_min_rank(t, name, min_rank, layout)
+    L, E = query.shape[-2:]
+    S = key.shape[-2]
+    if key.shape[-1] != E:
+        raise ValueError(
+            f"key's last dim must equal query's (E={E}): got query {fmt_shape(query.shape)}, "
+            f"key {fmt_shape(key.shape)}"
+        )
+    if value is not None and value.shape[-2] != S:
+        raise ValueError(
+            f"value must have as many positions as key (S={S}) in dim -2: got key {fmt_shape(key.shape)}, "
+            f"value {fmt_shape(value.shape)}"
+        )
+    lead = _broadcast_lead(named, enable_gqa)
+    if attn_mask is not None:
+        if is_causal:
+            raise ValueError(
+                "attn_mask and is_causal=True were both given; pass one (combine them into attn_mask)"
+            )
+        _check_mask_kind(attn_mask, "attn_mask")
+        check_same_device(query=query, attn_mask=attn_mask)
+        if attn_mask.is_floating_point() and attn_mask.dtype not in (torch.float32, query.dtype):
+            raise TypeError(
+                f"a float attn_mask must be float32 or the query's dtype ({query.dtype}), "
+                f"got {attn_mask.dtype}"
+            )
+        check_min_rank(attn_mask, "attn_mask", 2, "(..., L, S)")
+        check_mask_broadcasts(attn_mask, "attn_mask", (*lead, L, S), "(..., Hq, L, S)")
+    v = None if value is None else _to_4d(value, lead, enable_gqa)
+    return _Prepared(
+        query=_to_4d(query, lead, enable_gqa),
+        key=_to_4d(key, lead, enable_gqa),
+        value=v,
+        attn_mask=None if attn_mask is None else _mask_to_4d(attn_mask, lead, query.dtype),
+        dropout_p=dropout_p,
+        scale=1.0 / math.sqrt(E) if scale is None else scale,
+        lead=lead,
+    )
+
+
+def _broadcast_lead(named: dict, enable_gqa: bool) -> tuple[int, ...]:
+    """The output's leading dims "..., Hq", with specific messages for the common head mistakes."""
+    query, key = named["query"], named["key"]
+    value = named.get("value", key)
+    shapes = ", ".join(f"{n} {fmt_shape(t.shape)}" for n, t in named.items())
+    if enable_gqa:
+        Hq, H, Hv = query.shape[-3], key.shape[-3], value.shape[-3]
+        if H != Hv:
+            raise ValueError(f"key and value must have the same number of heads (dim -3): got {shapes}")
+        if Hq % H != 0:
+            raise ValueError(
+                f"with enable_gqa=True the query heads (Hq={Hq}) must be a multiple of the key/value heads "
+                f"(H={H}): got {shapes}"
+            )
+        batch = broadcast_or_none(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+        if batch is None:
+            raise ValueError(
+                f"the batch dims (before H, N, E) of query, key and value do not broadcast: {shapes}"
+            )
+        return (*batch, Hq)
+    lead = broadcast_or_none(*(t.shape[:-2] for t in named.values()))
+    if lead is not None:
+        return tuple(lead)
+    if all(t.dim() >= 3 for t in named.values()):
+        Hq, H, Hv = query.shape[-3], key.shape[-3], value.shape[-3]
+        if H != Hv and 1 not in (H, Hv):
+            raise ValueError(f"key and value must have the same number of heads (dim -3): got {shapes}")
+        if Hq != H and 1 not in (Hq, H):
+            hint = "pass enable_gqa=True" if Hq % H == 0 else f"Hq must be a multiple of H={H} for GQA"
+            raise ValueError(
+                f"query has Hq={Hq} heads but key has H={H} (dim -3); for grouped-query attention {hint}: "
+                f"got {shapes}"
+            )
+    raise ValueError(f"the leading dims (before N, E) of query, key and value do not broadcast: {shapes}")
+
+
+def _to_4d(x: torch.Tensor, lead: tuple[int, ...], enable_gqa: bool) -> torch.Tensor:
+    """(..., H, N, E) broadcast to ``lead`` (its own H kept with GQA) -> (B, H, N, E)."""
+    head = x.shape[-3] if enable_gqa else (lead[-1] if lead else 1)
+    batch = lead[:-1]
+    x = x.expand(*batch, head, x.shape[-2], x.shape[-1])  # broadcast the leading dims: a view, no copy
+    return x.reshape(math.prod(batch), head, x.shape[-2], x.shape[-1])  # (..., H, N, E) -> (B, H, N, E)
+
+
+def _mask_to_4d(mask: torch.Tensor, lead: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A mask broadcastable to (*lead, L, S) -> 4-D, broadcastable to (B, Hq, L, S); L, S never expanded."""
+    mask = mask if mask.dtype == torch.bool else mask.to(dtype)
+    mask = mask.reshape((1,) * (len(lead) + 2 - mask.dim()) + tuple(mask.shape))  # left-pad with 1s
+    if len(lead) < 2:
+        return mask.reshape((1,) * (2 - len(lead)) + tuple(mask.shape))  # (h?, L, S) -> (1, h, L, S)
+    batch, rest = mask.shape[:-3], tuple(mask.shape[-3:])
+    if all(d == 1 for d in batch):
+        return mask.reshape(1, *rest)  # (1, ..., 1, h, L, S) -> (1, h, L, S)
+    mask = mask.expand(*lead[:-1], *rest)  # batch dims of the mask broadcast to the output's
+    return mask.reshape(math.prod(lead[:-1]), *rest)  # (..., h, L, S) -> (B, h, L, S)

@@ -1,0 +1,219 @@
+"""Attention layers built on :func:`attention_core.scaled_dot_product_attention`.
+
+:class:`MultiHeadAttention` is batch-first, speaks the SDPA mask convention (True = attend) and supports
+grouped-query attention (``num_kv_heads < num_heads``). :meth:`MultiHeadAttention.from_torch` copies a
+``torch.nn.MultiheadAttention`` so the two can be compared number for number.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attention_core._checks import (
+    check_bool_flag,
+    check_dropout,
+    check_positive_int,
+    check_rank,
+    check_tensor,
+    fmt_shape,
+)
+from attention_core.functional import attention_with_weights, scaled_dot_product_attention
+from attention_core.masks import causal_mask, combine_masks
+
+__all__ = ["MultiHeadAttention"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head (and grouped-query) attention, batch-first.
+
+    ``out = out_proj(concat_h attention(q_proj(x_q)_h, k_proj(x_k)_h', v_proj(x_v)_h'))``, where query head
+    ``h`` reads key/value head ``h' = h // G``, ``G = num_heads / num_kv_heads`` (G = 1: classic MHA,
+    ``num_kv_heads = 1``: multi-query attention).
+
+    Args:
+        embed_dim: D, the model width (query input and output size); a multiple of ``num_heads``.
+        num_heads: Hq, query heads; head size E = D / Hq.
+        num_kv_heads: H, key/value heads (default ``num_heads``); must divide ``num_heads``.
+        dropout: dropout on the attention weights, applied in training mode only.
+        bias: whether the four projections have biases.
+        kdim: key input size (default D).
+        vdim: value input size (default D).
+        device, dtype: factory arguments for the parameters.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        *,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int(embed_dim, "embed_dim")
+        check_positive_int(num_heads, "num_heads")
+        num_kv_heads = num_heads if num_kv_heads is None else check_positive_int(num_kv_heads, "num_kv_heads")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})")
+        check_bool_flag(bias, "bias")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.kdim = embed_dim if kdim is None else check_positive_int(kdim, "kdim")
+        self.vdim = embed_dim if vdim is None else check_positive_int(vdim, "vdim")
+        self.dropout = check_dropout(dropout, "dropout")
+        kv_dim = num_kv_heads * self.head_dim
+        factory = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.k_proj = nn.Linear(self.kdim, kv_dim, bias=bias, **factory)
+        self.v_proj = nn.Linear(self.vdim, kv_dim, bias=bias, **factory)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        backend: str | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: (B, L, D).
+            key: (B, S, kdim); default ``query`` (self-attention).
+            value: (B, S, vdim); default ``key``.
+            attn_mask: SDPA convention (bool True = attend, or float added): (L, S), (B, L, S) or
+                (B, Hq, L, S) (size-1 dims broadcast). Never torch.nn.MultiheadAttention's inverted bool
+                convention: convert those with :func:`attention_core.from_torch_mha_mask`.
+            is_causal: upper-left causal mask; combines with the other masks.
+            need_weights: also return the per-head weights (B, Hq, L, S), computed by the reference backend.
+                (``torch.nn.MultiheadAttention`` averages them over heads by default; take
+                ``weights.mean(1)`` for that.)
+            key_padding_mask: (B, S), True (or 0.0) for real keys, False (or -inf) for padding.
+            backend: passed to :func:`attention_core.scaled_dot_product_attention`.
+
+        Returns:
+            ``(out, weights)``: out (B, L, D); weights (B, Hq, L, S) before dropout, or ``None``.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        B, L, S = self._check_inputs(query, key, value)
+        check_bool_flag(need_weights, "need_weights")
+        check_bool_flag(is_causal, "is_causal")
+        mask = self._merge_masks(attn_mask, key_padding_mask, is_causal, B, L, S, query.device)
+        causal_fast = is_causal and mask is None  # a lone causal mask stays a flag, which kernels exploit
+        Hq, H, E = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_proj(query).view(B, L, Hq, E).transpose(1, 2)  # (B, L, D) -> (B, Hq, L, E)
+        k = self.k_proj(key).view(B, S, H, E).transpose(1, 2)  # (B, S, kdim) -> (B, H, S, E)
+        v = self.v_proj(value).view(B, S, H, E).transpose(1, 2)  # (B, S, vdim) -> (B, H, S, E)
+        args = (q, k, v, mask, self.dropout if self.training else 0.0, causal_fast)
+        weights = None
+        if need_weights:
+            if backend not in (None, "reference"):
+                raise ValueError(f"need_weights=True runs the 'reference' backend, got backend={backend!r}")
+            out, weights = attention_with_weights(*args, enable_gqa=H != Hq)
+        else:
+            out = scaled_dot_product_attention(*args, enable_gqa=H != Hq, backend=backend)
+        out = out.transpose(1, 2).reshape(B, L, self.embed_dim)  # (B, Hq, L, E) -> (B, L, Hq * E)
+        return self.out_proj(out), weights
+
+    def _check_inputs(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[int, int, int]:
+        """Ranks, widths and lengths of the inputs; returns B, L, S."""
+        widths = {"query": self.embed_dim, "key": self.kdim, "value": self.vdim}
+        for (name, width), t in zip(widths.items(), (query, key, value)):
+            check_tensor(t, name)
+            check_rank(t, name, (3,), f"(B, N, {width}) (batch-first)")
+            if t.shape[-1] != width:
+                raise ValueError(f"{name} must have last dim {width}, got shape {fmt_shape(t.shape)}")
+        if not query.shape[0] == key.shape[0] == value.shape[0]:
+            raise ValueError(
+                f"query, key and value must share the batch size B: got {fmt_shape(query.shape)}, "
+                f"{fmt_shape(key.shape)}, {fmt_shape(value.shape)}"
+            )
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(
+                f"key and value must have the same length S: got key {fmt_shape(key.shape)}, "
+                f"value {fmt_shape(value.shape)}"
+            )
+        return query.shape[0], query.shape[1], key.shape[1]
+
+    def _merge_masks(
+        self,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        B: int,
+        L: int,
+        S: int,
+        device: torch.device,
+    ) -> torch.Tensor | None:
+        """One mask broadcastable to (B, Hq, L, S) from the three ways of giving one (None if none given)."""
+        if attn_mask is not None:
+            check_tensor(attn_mask, "attn_mask")
+            check_rank(attn_mask, "attn_mask", (2, 3, 4), "(L, S), (B, L, S) or (B, Hq, L, S)")
+            if attn_mask.dim() == 3:
+                attn_mask = attn_mask.unsqueeze(1)  # (B, L, S) -> (B, 1, L, S)
+        if key_padding_mask is not None:
+            check_tensor(key_padding_mask, "key_padding_mask")
+            if tuple(key_padding_mask.shape) != (B, S):
+                raise ValueError(
+                    f"key_padding_mask must have shape (B, S) = {(B, S)}, "
+                    f"got {fmt_shape(key_padding_mask.shape)}"
+                )
+            key_padding_mask = key_padding_mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+        if is_causal and (attn_mask is not None or key_padding_mask is not None):
+            causal = causal_mask(L, S, device=device)  # (L, S)
+        else:
+            causal = None
+        return combine_masks(attn_mask, key_padding_mask, causal)
+
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
+        """A :class:`MultiHeadAttention` computing the same function as ``m``, with copies of its weights.
+
+        Ours is always batch-first: for ``m.batch_first=False``, feed ``x.transpose(0, 1)``, (L, B, D) ->
+        (B, L, D). Its masks use the SDPA convention (:func:`attention_core.from_torch_mha_mask` converts).
+
+        Raises:
+            TypeError: ``m`` is not a ``torch.nn.MultiheadAttention``.
+            ValueError: ``m`` uses ``add_bias_kv`` or ``add_zero_attn``, which this module does not have.
+        """
+        if not isinstance(m, nn.MultiheadAttention):
+            raise TypeError(f"m must be a torch.nn.MultiheadAttention, got {type(m).__name__}")
+        if m.bias_k is not None or m.bias_v is not None:
+            raise ValueError("m uses add_bias_kv=True (a learned extra key/value): not supported")
+        if m.add_zero_attn:
+            raise ValueError("m uses add_zero_attn=True (an extra all-zero key/value): not supported")
+        bias = m.in_proj_bias is not None
+        weight = m.out_proj.weight
+        new = cls(
+            m.embed_dim, m.num_heads, dropout=m.dropout, bias=bias, kdim=m.kdim, vdim=m.vdim,
+            device=weight.device, dtype=weight.dtype,
+        )
+        if m._qkv_same_embed_dim:
+            w_q, w_k, w_v = m.in_proj_weight.chunk(3, dim=0)  # (3D, D) -> 3 x (D, D)
+        else:
+            w_q, w_k, w_v = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+        with torch.no_grad():
+            for proj, w in ((new.q_proj, w_q), (new.k_proj, w_k), (new.v_proj, w_v), (new.out_proj, weight)):
+                proj.weight.copy_(w)
+            if bias:
+                b_q, b_k, b_v = m.in_proj_bias.chunk(3)  # (3D,) -> 3 x (D,)
+                for proj, b in ((new.q_proj, b_q), (new.k_proj, b_k), (new.v_proj, b_v)):
+                    proj.bias.copy_(b)
+                new.out_proj.bias.copy_(m.out_proj.bias)
+        return new.train(m.training)

@@ -1,0 +1,345 @@
+"""RNN encoder-decoders: without attention (Cho et al., 2014), Bahdanau's (2014/2015) and Luong's (2015).
+
+Every model here shares one encoder, a bidirectional GRU whose outputs ``h_j = [h_j^fwd; h_j^bwd]``
+(B, S, 2H) are the keys and values of the attention, and one interface for its decoder:
+
+- ``init_state(enc)`` -> the decoder's state before the first step;
+- ``step(y_prev, state, enc, t)`` -> ``(logits (B, V), new state, weights (B, S) or None)``.
+
+The decoders differ in what each step reads:
+
+- :class:`PlainDecoder` (no attention): the context is the encoder's final state, the same at every step,
+  the fixed-length bottleneck that attention removes;
+- :class:`BahdanauDecoder`: ``c_t`` from :class:`~attention_core.rnn_attention.AdditiveAttention` queried with
+  the previous state ``s_{t-1}``; then ``s_t = GRU([E y_{t-1}; c_t], s_{t-1})``;
+- :class:`LuongDecoder`: ``h_t = GRU([E y_{t-1}; h~_{t-1}], h_{t-1})`` (input feeding), then ``c_t`` from
+  :class:`~attention_core.rnn_attention.LuongAttention` queried with the current ``h_t``, and the attentional
+  state ``h~_t = tanh(W_c [c_t; h_t])`` from which the next token is predicted.
+
+:class:`Seq2Seq` runs a decoder under teacher forcing (``forward``) or greedily (:func:`greedy_decode`), and
+:func:`build_model` makes any of them from a plain dict, which is what checkpoints store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from attention_core._checks import check_tensor, fmt_shape
+from attention_core.masks import padding_mask
+from attention_core.rnn_attention import AdditiveAttention, LuongAttention
+from attention_core.seq2seq_data import BOS_ID, EOS_ID, PAD_ID
+
+__all__ = [
+    "BahdanauDecoder",
+    "DecodeResult",
+    "Encoder",
+    "EncoderOutput",
+    "LuongDecoder",
+    "PlainDecoder",
+    "Seq2Seq",
+    "build_model",
+    "count_parameters",
+    "greedy_decode",
+]
+
+State = Any
+
+
+@dataclass
+class EncoderOutput:
+    """What the encoder hands the decoder.
+
+    Attributes:
+        outputs: (B, S, Dk) every source position's state (zeros at padding).
+        final: (B, Dk) the summary: last forward state and first backward state, concatenated.
+        mask: (B, S) bool, True at real source positions.
+    """
+
+    outputs: torch.Tensor
+    final: torch.Tensor
+    mask: torch.Tensor
+
+
+class Encoder(nn.Module):
+    """Embedding + (bidirectional) GRU over padded sources; padding never enters the final state.
+
+    Args:
+        vocab_size: source vocabulary size (id 0 is ``<pad>``).
+        embed_dim: embedding size.
+        hidden_dim: GRU size per direction; outputs have ``2 * hidden_dim`` features when bidirectional.
+        bidirectional: read the source both ways (Bahdanau) or left to right only.
+    """
+
+    def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, bidirectional: bool = True) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=PAD_ID)
+        self.rnn = nn.GRU(embed_dim, hidden_dim, batch_first=True, bidirectional=bidirectional)
+        self.output_dim = hidden_dim * (2 if bidirectional else 1)
+
+    def forward(self, src: torch.Tensor, src_valid_lens: torch.Tensor) -> EncoderOutput:
+        """Encode (B, S) ids whose first ``src_valid_lens[b]`` entries are real."""
+        B, S = src.shape
+        packed = pack_padded_sequence(self.embedding(src), src_valid_lens.cpu(), batch_first=True,
+                                      enforce_sorted=False)
+        out, h_n = self.rnn(packed)  # h_n: (directions, B, H)
+        outputs, _ = pad_packed_sequence(out, batch_first=True, total_length=S)  # (B, S, Dk)
+        final = torch.cat(list(h_n), dim=-1)  # (directions, B, H) -> (B, Dk)
+        return EncoderOutput(outputs, final, padding_mask(src_valid_lens, S))
+
+
+class _GRUDecoder(nn.Module):
+    """Shared parts: target embedding, a bridge from the encoder's summary to the first state."""
+
+    def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, enc_dim: int, input_dim: int) -> None:
+        super().__init__()
+        self.vocab_size, self.hidden_dim, self.enc_dim = vocab_size, hidden_dim, enc_dim
+        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=PAD_ID)
+        self.bridge = nn.Linear(enc_dim, hidden_dim)  # s_0 = tanh(W_init h_final)
+        self.cell = nn.GRUCell(input_dim, hidden_dim)
+
+    def _check_enc(self, enc: EncoderOutput) -> None:
+        if enc.outputs.shape[-1] != self.enc_dim:
+            raise ValueError(f"encoder outputs have {enc.outputs.shape[-1]} features but the decoder was built "
+                             f"with enc_dim={self.enc_dim}")
+
+
+class PlainDecoder(_GRUDecoder):
+    """No attention: every step reads the same context, the encoder's final state (the bottleneck).
+
+    ``s_t = GRU([E y_{t-1}; c], s_{t-1})``, logits ``= W_o [s_t; c; E y_{t-1}]`` with ``c = h_final``.
+    """
+
+    def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, enc_dim: int) -> None:
+        super().__init__(vocab_size, embed_dim, hidden_dim, enc_dim, embed_dim + enc_dim)
+        self.out = nn.Linear(hidden_dim + enc_dim + embed_dim, vocab_size)
+
+    def init_state(self, enc: EncoderOutput) -> torch.Tensor:
+        self._check_enc(enc)
+        return torch.tanh(self.bridge(enc.final))  # (B, Dk) -> (B, H)
+
+    def step(self, y_prev: torch.Tensor, state: torch.Tensor, enc: EncoderOutput, t: int
+             ) -> Tuple[torch.Tensor, torch.Tensor, None]:
+        emb = self.embedding(y_prev)  # (B,) -> (B, E)
+        s = self.cell(torch.cat([emb, enc.final], -1), state)  # (B, E + Dk) -> (B, H)
+        return self.out(torch.cat([s, enc.final, emb], -1)), s, None  # -> (B, V)
+
+
+class BahdanauDecoder(_GRUDecoder):
+    """Bahdanau's decoder: attend with the previous state, then update the state with the context.
+
+    ``c_t = Attn(s_{t-1}, h)``, ``s_t = GRU([E y_{t-1}; c_t], s_{t-1})``, logits ``= W_o [s_t; c_t; E y_{t-1}]``
+    (the paper's maxout deep-output layer is simplified to one linear layer).
+
+    Args:
+        vocab_size: target vocabulary size.
+        embed_dim: target embedding size.
+        hidden_dim: decoder state size.
+        enc_dim: encoder output size.
+        attn_dim: hidden size of the additive score (default ``hidden_dim``).
+    """
+
+    def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, enc_dim: int,
+                 attn_dim: Optional[int] = None) -> None:
+        super().__init__(vocab_size, embed_dim, hidden_dim, enc_dim, embed_dim + enc_dim)
+        self.attention = AdditiveAttention(hidden_dim, enc_dim, attn_dim or hidden_dim)
+        self.out = nn.Linear(hidden_dim + enc_dim + embed_dim, vocab_size)
+
+    def init_state(self, enc: EncoderOutput) -> torch.Tensor:
+        self._check_enc(enc)
+        return torch.tanh(self.bridge(enc.final))  # (B, Dk) -> (B, H)
+
+    def step(self, y_prev: torch.Tensor, state: torch.Tensor, enc: EncoderOutput, t: int
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        emb = self.embedding(y_prev)  # (B,) -> (B, E)
+        context, weights = self.attention(state, enc.outputs, attn_mask=enc.mask)  # s_{t-1}: (B, Dk), (B, S)
+        s = self.cell(torch.cat([emb, context], -1), state)  # (B, E + Dk) -> (B, H)
+        return self.out(torch.cat([s, context, emb], -1)), s, weights  # -> (B, V)
+
+
+class LuongDecoder(_GRUDecoder):
+    """Luong's decoder: update the state first, then attend with it; input feeding.
+
+    ``h_t = GRU([E y_{t-1}; h~_{t-1}], h_{t-1})``, ``c_t = Attn(h_t, h)``, ``h~_t = tanh(W_c [c_t; h_t])``,
+    logits ``= W_s h~_t``. Without ``input_feeding`` the GRU reads ``E y_{t-1}`` only.
+
+    Args:
+        vocab_size, embed_dim, hidden_dim, enc_dim: as for :class:`BahdanauDecoder`.
+        score, mode, window: passed to :class:`~attention_core.rnn_attention.LuongAttention`.
+        input_feeding: feed ``h~_{t-1}`` into the next step.
+    """
+
+    def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, enc_dim: int, score: str = "general",
+                 mode: str = "global", window: int = 2, input_feeding: bool = True) -> None:
+        super().__init__(vocab_size, embed_dim, hidden_dim, enc_dim,
+                         embed_dim + (hidden_dim if input_feeding else 0))
+        self.input_feeding = input_feeding
+        self.attention = LuongAttention(hidden_dim, enc_dim, score=score, mode=mode, window=window)
+        self.combine = nn.Linear(enc_dim + hidden_dim, hidden_dim, bias=False)  # W_c
+        self.out = nn.Linear(hidden_dim, vocab_size)  # W_s
+
+    def init_state(self, enc: EncoderOutput) -> Tuple[torch.Tensor, torch.Tensor]:
+        self._check_enc(enc)
+        h = torch.tanh(self.bridge(enc.final))  # (B, Dk) -> (B, H)
+        return h, torch.zeros_like(h)  # (h_0, h~_0)
+
+    def step(self, y_prev: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor], enc: EncoderOutput, t: int
+             ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        h_prev, h_tilde_prev = state
+        x = self.embedding(y_prev)  # (B,) -> (B, E)
+        if self.input_feeding:
+            x = torch.cat([x, h_tilde_prev], -1)  # (B, E + H)
+        h = self.cell(x, h_prev)  # (B, H)
+        context, weights = self.attention(h, enc.outputs, attn_mask=enc.mask, step=t)  # h_t: (B, Dk), (B, S)
+        h_tilde = torch.tanh(self.combine(torch.cat([context, h], -1)))  # (B, Dk + H) -> (B, H)
+        return self.out(h_tilde), (h, h_tilde), weights  # -> (B, V)
+
+
+class Seq2Seq(nn.Module):
+    """An encoder and a decoder, run with teacher forcing.
+
+    Args:
+        encoder: an :class:`Encoder`.
+        decoder: a :class:`PlainDecoder`, :class:`BahdanauDecoder` or :class:`LuongDecoder`.
+        config: the dict :func:`build_model` made it from (stored in checkpoints); optional.
+    """
+
+    def __init__(self, encoder: Encoder, decoder: nn.Module, config: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__()
+        if encoder.output_dim != decoder.enc_dim:
+            raise ValueError(f"encoder output size {encoder.output_dim} differs from the decoder's "
+                             f"enc_dim={decoder.enc_dim}")
+        self.encoder, self.decoder = encoder, decoder
+        self.config = dict(config or {})
+
+    @property
+    def has_attention(self) -> bool:
+        return not isinstance(self.decoder, PlainDecoder)
+
+    def encode(self, src: torch.Tensor, src_valid_lens: torch.Tensor) -> EncoderOutput:
+        """Validate the source and encode it."""
+        check_tensor(src, "src")
+        check_tensor(src_valid_lens, "src_valid_lens")
+        if src.dim() != 2 or src.dtype != torch.long:
+            raise ValueError(f"src must be (B, S) int64 ids, got shape {fmt_shape(src.shape)} dtype {src.dtype}")
+        B, S = src.shape
+        if src_valid_lens.shape != (B,) or src_valid_lens.is_floating_point():
+            raise ValueError(f"src_valid_lens must be (B,) = ({B},) integers, got shape "
+                             f"{fmt_shape(src_valid_lens.shape)} dtype {src_valid_lens.dtype}")
+        if B and (int(src_valid_lens.min()) < 1 or int(src_valid_lens.max()) > S):
+            raise ValueError(f"src_valid_lens must lie in [1, S={S}] (the encoder output has {S} positions), "
+                             f"got {src_valid_lens.tolist()}")
+        return self.encoder(src, src_valid_lens)
+
+    def forward(self, src: torch.Tensor, src_valid_lens: torch.Tensor, tgt_in: torch.Tensor
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Teacher forcing: logits for every target position given the gold previous tokens.
+
+        Args:
+            src: (B, S) int64 source ids; src_valid_lens: (B,) their lengths.
+            tgt_in: (B, T) int64 decoder inputs, ``<bos> y_1 .. y_{T-1}``.
+
+        Returns:
+            ``(logits, weights)``: (B, T, V) and (B, T, S), or ``None`` for the plain decoder.
+        """
+        enc = self.encode(src, src_valid_lens)
+        if tgt_in.dim() != 2 or tgt_in.shape[0] != src.shape[0]:
+            raise ValueError(f"tgt_in must be (B={src.shape[0]}, T), got shape {fmt_shape(tgt_in.shape)}")
+        state = self.decoder.init_state(enc)
+        logits, weights = [], []
+        for t in range(tgt_in.shape[1]):
+            step_logits, state, w = self.decoder.step(tgt_in[:, t], state, enc, t)
+            logits.append(step_logits)
+            weights.append(w)
+        stacked = torch.stack(weights, 1) if self.has_attention else None  # T x (B, S) -> (B, T, S)
+        return torch.stack(logits, 1), stacked  # T x (B, V) -> (B, T, V)
+
+
+@dataclass
+class DecodeResult:
+    """Greedy decoding's output.
+
+    Attributes:
+        tokens: (B, T) int64 predicted ids, ``<pad>`` after each row's ``<eos>``.
+        lengths: (B,) number of tokens before ``<eos>`` (T when it never came).
+        weights: (B, T, S) alignment weights of every step, or ``None`` without attention.
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    weights: Optional[torch.Tensor]
+
+
+@torch.no_grad()
+def greedy_decode(model: Seq2Seq, src: torch.Tensor, src_valid_lens: torch.Tensor, max_len: int = 20
+                  ) -> DecodeResult:
+    """Decode by taking the most likely token at each step, until every row emitted ``<eos>``."""
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len must be an int >= 1, got {max_len!r}")
+    was_training = model.training
+    model.eval()
+    enc = model.encode(src, src_valid_lens)
+    B = src.shape[0]
+    state = model.decoder.init_state(enc)
+    y = torch.full((B,), BOS_ID, dtype=torch.long, device=src.device)
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    tokens, weights = [], []
+    for t in range(max_len):
+        logits, state, w = model.decoder.step(y, state, enc, t)
+        y = logits.argmax(-1)  # (B, V) -> (B,)
+        tokens.append(y.masked_fill(done, PAD_ID))
+        weights.append(w)
+        done = done | (y == EOS_ID)
+        if bool(done.all()):
+            break
+    model.train(was_training)
+    out = torch.stack(tokens, 1)  # T x (B,) -> (B, T)
+    is_eos = out == EOS_ID
+    lengths = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full_like(is_eos[:, 0], out.shape[1],
+                                                                                   dtype=torch.long))
+    stacked = torch.stack(weights, 1) if model.has_attention else None  # T x (B, S) -> (B, T, S)
+    return DecodeResult(out, lengths.long(), stacked)
+
+
+MODEL_KINDS = ("plain", "bahdanau", "luong")
+
+
+def build_model(config: Dict[str, Any]) -> Seq2Seq:
+    """Build a :class:`Seq2Seq` from a plain dict (what checkpoints store).
+
+    Keys: ``kind`` (``"plain"``, ``"bahdanau"`` or ``"luong"``), ``src_vocab_size``, ``tgt_vocab_size``,
+    ``embed_dim``, ``hidden_dim`` (encoder size per direction; the decoder state has ``2 * hidden_dim``);
+    for ``"luong"`` also ``score``, ``mode``, ``window`` and ``input_feeding``. Parameters are initialised from
+    ``seed`` (default 0) without touching the global RNG.
+    """
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
+    kind = config.get("kind")
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"config['kind'] must be one of {MODEL_KINDS}, got {kind!r}")
+    missing = [k for k in ("src_vocab_size", "tgt_vocab_size", "embed_dim", "hidden_dim") if k not in config]
+    if missing:
+        raise ValueError(f"config lacks {missing}")
+    E, H = config["embed_dim"], config["hidden_dim"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.get("seed", 0))
+        encoder = Encoder(config["src_vocab_size"], E, H, bidirectional=True)
+        D, V = encoder.output_dim, config["tgt_vocab_size"]
+        if kind == "plain":
+            decoder: nn.Module = PlainDecoder(V, E, D, D)
+        elif kind == "bahdanau":
+            decoder = BahdanauDecoder(V, E, D, D)
+        else:
+            decoder = LuongDecoder(V, E, D, D, score=config.get("score", "general"),
+                                   mode=config.get("mode", "global"), window=config.get("window", 2),
+                                   input_feeding=config.get("input_feeding", True))
+    return Seq2Seq(encoder, decoder, config)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

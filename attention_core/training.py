@@ -1,0 +1,247 @@
+"""Training the RNN encoder-decoders, and the checkpoints the chapters load instead of training live.
+
+- :func:`train_seq2seq`: teacher forcing, cross-entropy over real target tokens, Adam, gradient-norm
+  clipping, a tqdm bar (:func:`attention_core.notebook.progress`, off when ``AC_PROGRESS=0``).
+- :func:`save_checkpoint` / :func:`load_checkpoint`: one file per model holding its config and weights; the
+  file's sha256 is returned on save and verified on load, so a truncated or altered file is refused.
+- :data:`RECIPES` and :func:`load_or_train`: how every model of chapters 3 and 4 is trained. The chapters
+  load the checkpoint that ``scripts/train_checkpoints.py`` made with these same recipes (its sha256,
+  training time and loss curve are in ``manifest.json`` beside it) and retrain when it is missing or asked to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from attention_core.notebook import progress
+from attention_core.seq2seq import Seq2Seq, build_model, count_parameters
+from attention_core.seq2seq_data import PAD_ID, Batch, NumberWords
+
+__all__ = [
+    "MANIFEST",
+    "RECIPES",
+    "Recipe",
+    "TrainLog",
+    "file_sha256",
+    "load_checkpoint",
+    "load_or_train",
+    "save_checkpoint",
+    "sequence_loss",
+    "train_recipe",
+    "train_seq2seq",
+]
+
+PathLike = Union[str, Path]
+MANIFEST = "manifest.json"
+
+
+def sequence_loss(logits: torch.Tensor, tgt_out: torch.Tensor, pad_id: int = PAD_ID) -> torch.Tensor:
+    """Mean cross-entropy over the real (non-pad) target tokens: (B, T, V), (B, T) -> scalar."""
+    if logits.dim() != 3 or logits.shape[:2] != tgt_out.shape:
+        raise ValueError(f"logits must be (B, T, V) with (B, T) = {tuple(tgt_out.shape)} of tgt_out, got shape "
+                         f"{tuple(logits.shape)}")
+    return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=pad_id)  # (B*T, V), (B*T,)
+
+
+@dataclass
+class TrainLog:
+    """What a training run reports: the loss of every step and the wall time it took."""
+
+    losses: List[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def train_seq2seq(model: Seq2Seq, batches: Iterator[Batch], steps: int, lr: float = 3e-3, clip: float = 1.0,
+                  device: Optional[torch.device] = None, desc: str = "training", show_progress: bool = True
+                  ) -> TrainLog:
+    """Train ``model`` in place for ``steps`` batches with teacher forcing.
+
+    Args:
+        model: the encoder-decoder; it is moved to ``device``.
+        batches: an iterator of :class:`~attention_core.seq2seq_data.Batch` (e.g. ``NumberWords.stream``).
+        steps: number of optimiser steps.
+        lr: Adam's learning rate.
+        clip: the largest gradient norm; larger gradients are scaled down to it.
+        device: where to train (default: where the model is).
+        desc: label of the progress bar.
+        show_progress: show a tqdm bar (still off when ``AC_PROGRESS=0``).
+
+    Returns:
+        A :class:`TrainLog`. Runs repeat exactly for the same model init and batches on one CPU thread.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr!r}")
+    if not clip > 0:
+        raise ValueError(f"clip must be > 0, got {clip!r}")
+    device = device or next(model.parameters()).device
+    model.to(device).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    log = TrainLog()
+    start = time.perf_counter()
+    bar = progress(range(steps), desc=desc, **({} if show_progress else {"disable": True}))
+    for _ in bar:
+        batch = next(batches).to(device)
+        logits, _ = model(batch.src, batch.src_valid_lens, batch.tgt_in)
+        loss = sequence_loss(logits, batch.tgt_out)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        log.losses.append(loss.item())
+        if hasattr(bar, "set_postfix") and len(log.losses) % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    log.seconds = time.perf_counter() - start
+    model.eval()
+    return log
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+
+def file_sha256(path: PathLike) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_checkpoint(model: Seq2Seq, path: PathLike) -> str:
+    """Save the model's config and weights (on the CPU) to ``path``; return the file's sha256."""
+    if not model.config:
+        raise ValueError("model.config is empty: build the model with build_model(config) to checkpoint it")
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"format": 1, "config": model.config, "state_dict": state}, path)
+    return file_sha256(path)
+
+
+def load_checkpoint(path: PathLike, sha256: str, device: Optional[torch.device] = None) -> Seq2Seq:
+    """Verify ``path`` against ``sha256``, then rebuild the model and load its weights (in eval mode).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the file's sha256 differs from ``sha256`` (checked before the file is unpickled).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    seen = file_sha256(path)
+    if seen != sha256:
+        raise ValueError(f"checkpoint {path} has sha256 {seen}, expected {sha256}: the file is damaged or was "
+                         f"replaced; retrain it with scripts/train_checkpoints.py")
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    model = build_model(blob["config"])
+    model.load_state_dict(blob["state_dict"])
+    return model.to(device or "cpu").eval()
+
+
+# -------------------------------------------------------------------------------- the book's recipes
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one of the book's models is built and trained (all share the task and the sizes).
+
+    ``kind``, ``score``, ``mode``, ``window`` select the model (see :func:`attention_core.seq2seq.build_model`);
+    the rest is the training budget. Training batches come from ``NumberWords().stream(batch_size, data_seed)``.
+    """
+
+    name: str
+    kind: str
+    score: str = "general"
+    mode: str = "global"
+    window: int = 2
+    embed_dim: int = 32
+    hidden_dim: int = 64
+    steps: int = 3000
+    batch_size: int = 64
+    lr: float = 3e-3
+    clip: float = 1.0
+    seed: int = 0
+    data_seed: int = 1
+
+    def config(self, task: NumberWords) -> Dict[str, Any]:
+        cfg: Dict[str, Any] = {"kind": self.kind, "src_vocab_size": len(task.src_vocab),
+                               "tgt_vocab_size": len(task.tgt_vocab), "embed_dim": self.embed_dim,
+                               "hidden_dim": self.hidden_dim, "seed": self.seed}
+        if self.kind == "luong":
+            cfg.update(score=self.score, mode=self.mode, window=self.window, input_feeding=True)
+        return cfg
+
+
+RECIPES: Dict[str, Recipe] = {r.name: r for r in (
+    Recipe("plain", "plain"),
+    Recipe("bahdanau", "bahdanau"),
+    Recipe("luong-dot", "luong", score="dot"),
+    Recipe("luong-general", "luong", score="general"),
+    Recipe("luong-concat", "luong", score="concat"),
+    Recipe("luong-local-m", "luong", score="general", mode="local-m", window=3),
+    Recipe("luong-local-p", "luong", score="general", mode="local-p", window=3),
+)}
+
+
+def train_recipe(name: str, device: Optional[torch.device] = None, show_progress: bool = True
+                 ) -> Tuple[Seq2Seq, TrainLog]:
+    """Build and train the book's model ``name`` (a key of :data:`RECIPES`) from scratch."""
+    if name not in RECIPES:
+        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
+    recipe = RECIPES[name]
+    task = NumberWords()
+    model = build_model(recipe.config(task))
+    log = train_seq2seq(model, task.stream(recipe.batch_size, recipe.data_seed), recipe.steps, lr=recipe.lr,
+                        clip=recipe.clip, device=device, desc=name, show_progress=show_progress)
+    return model, log
+
+
+def manifest_entry(name: str, model: Seq2Seq, log: TrainLog, sha256: str, every: int = 25) -> Dict[str, Any]:
+    """The manifest record of a trained model: file, checksum, size, time, loss curve and recipe."""
+    return {
+        "file": f"{name}.pt",
+        "sha256": sha256,
+        "parameters": count_parameters(model),
+        "train_seconds": round(log.seconds, 1),
+        "loss_every": every,
+        "losses": [round(sum(log.losses[i:i + every]) / len(log.losses[i:i + every]), 4)
+                   for i in range(0, len(log.losses), every)],
+        "recipe": asdict(RECIPES[name]),
+    }
+
+
+def read_manifest(directory: PathLike) -> Dict[str, Any]:
+    """The ``manifest.json`` of a checkpoint folder, or ``{}`` when there is none."""
+    path = Path(directory) / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def load_or_train(name: str, directory: PathLike = "checkpoints", retrain: bool = False,
+                  device: Optional[torch.device] = None) -> Tuple[Seq2Seq, Dict[str, Any]]:
+    """The book's model ``name``: loaded from ``directory`` (checksum verified) or trained here.
+
+    Trains from the recipe when ``retrain`` is true, or when the folder has no manifest entry or file for it
+    (e.g. a notebook opened alone in Colab). The trained model is not written to disk.
+
+    Returns:
+        ``(model, entry)``: the model in eval mode and its manifest entry (for a fresh run, one describing it,
+        with ``"sha256": None``).
+    """
+    entry = read_manifest(directory).get(name)
+    if not retrain and entry is not None and (Path(directory) / entry["file"]).is_file():
+        if entry["recipe"] != asdict(RECIPES[name]):
+            raise ValueError(f"checkpoint {name!r} was trained with a recipe that differs from RECIPES[{name!r}]; "
+                             f"retrain it with scripts/train_checkpoints.py")
+        return load_checkpoint(Path(directory) / entry["file"], entry["sha256"], device), entry
+    model, log = train_recipe(name, device)
+    return model, manifest_entry(name, model, log, sha256=None)

@@ -1,0 +1,196 @@
+"""Bad inputs fail early, with the right exception and a message naming the argument and what was seen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attention_core as ac
+from attention_core import masks, scoring
+from attention_core.backends import Backend, register_backend
+
+
+def qkv(B=2, Hq=4, H=4, L=5, S=6, E=8, Ev=3, dtype=torch.float32, grad=False):
+    q = torch.randn(B, Hq, L, E, dtype=dtype, requires_grad=grad)
+    k = torch.randn(B, H, S, E, dtype=dtype, requires_grad=grad)
+    v = torch.randn(B, H, S, Ev, dtype=dtype, requires_grad=grad)
+    return q, k, v
+
+
+def sdpa(**overrides):
+    """A call of ac.scaled_dot_product_attention with one argument replaced."""
+    q, k, v = qkv()
+    kwargs = dict(query=q, key=k, value=v)
+    kwargs.update(overrides)
+    return lambda: ac.scaled_dot_product_attention(**kwargs)
+
+
+q0, k0, v0 = qkv()
+q_grad, k_grad, v_grad = qkv(grad=True)
+
+CASES = {
+    # types and dtypes
+    "query not a tensor": (sdpa(query=[[1.0]]), TypeError, r"query must be a torch.Tensor, got list"),
+    "value not a tensor": (sdpa(value=3.0), TypeError, r"value must be a torch.Tensor, got float"),
+    "integer query": (sdpa(query=q0.long(), key=k0.long(), value=v0.long()), TypeError,
+                      r"query must have a floating-point dtype, got torch.int64"),
+    "dtype mismatch": (sdpa(key=k0.double()), TypeError, r"key must have the dtype of query \(torch.float32\)"
+                       r".*key.dtype=torch.float64"),
+    # ranks and sizes
+    "query 1-D": (sdpa(query=torch.randn(8)), ValueError, r"query must have at least 2 dims.*got shape \(8,\)"),
+    "gqa needs heads": (sdpa(query=torch.randn(5, 8), key=torch.randn(6, 8), value=torch.randn(6, 3),
+                             enable_gqa=True), ValueError, r"query must have at least 3 dims.*\(5, 8\)"),
+    "E mismatch": (sdpa(key=torch.randn(2, 4, 6, 7)), ValueError,
+                   r"key's last dim must equal query's \(E=8\).*key \(2, 4, 6, 7\)"),
+    "S mismatch": (sdpa(value=torch.randn(2, 4, 9, 3)), ValueError,
+                   r"value must have as many positions as key \(S=6\).*value \(2, 4, 9, 3\)"),
+    "batch mismatch": (sdpa(key=torch.randn(3, 4, 6, 8), value=torch.randn(3, 4, 6, 3)), ValueError,
+                       r"leading dims .* do not broadcast: query \(2, 4, 5, 8\), key \(3, 4, 6, 8\)"),
+    "k/v heads differ": (sdpa(value=torch.randn(2, 2, 6, 3)), ValueError,
+                         r"key and value must have the same number of heads.*value \(2, 2, 6, 3\)"),
+    "gqa k/v heads differ": (sdpa(key=torch.randn(2, 2, 6, 8), value=torch.randn(2, 1, 6, 3), enable_gqa=True),
+                             ValueError, r"key and value must have the same number of heads"),
+    "Hq != H without gqa": (sdpa(key=torch.randn(2, 2, 6, 8), value=torch.randn(2, 2, 6, 3)), ValueError,
+                            r"query has Hq=4 heads but key has H=2.*pass enable_gqa=True"),
+    "Hq not a multiple of H": (sdpa(key=torch.randn(2, 3, 6, 8), value=torch.randn(2, 3, 6, 3), enable_gqa=True),
+                               ValueError, r"query heads \(Hq=4\) must be a multiple of the key/value heads \(H=3\)"),
+    # masks
+    "mask does not broadcast": (sdpa(attn_mask=torch.ones(4, 6, dtype=torch.bool)), ValueError,
+                                r"attn_mask of shape \(4, 6\) does not broadcast to .*\(\.\.\., Hq, L, S\) = "
+                                r"\(2, 4, 5, 6\)"),
+    "mask too many dims": (sdpa(attn_mask=torch.ones(3, 2, 4, 5, 6, dtype=torch.bool)), ValueError,
+                           r"attn_mask of shape \(3, 2, 4, 5, 6\) does not broadcast"),
+    "mask 1-D": (sdpa(attn_mask=torch.ones(6, dtype=torch.bool)), ValueError,
+                 r"attn_mask must have at least 2 dims.*got shape \(6,\)"),
+    "mask integer dtype": (sdpa(attn_mask=torch.ones(5, 6, dtype=torch.int64)), TypeError,
+                           r"attn_mask must be bool .* or floating .*got dtype torch.int64"),
+    "float mask dtype": (sdpa(attn_mask=torch.zeros(5, 6, dtype=torch.float64)), TypeError,
+                         r"float attn_mask must be float32 or the query's dtype .*got torch.float64"),
+    "mask not a tensor": (sdpa(attn_mask=[[True]]), TypeError, r"attn_mask must be a torch.Tensor, got list"),
+    "mask and causal": (sdpa(attn_mask=torch.ones(5, 6, dtype=torch.bool), is_causal=True), ValueError,
+                        r"attn_mask and is_causal=True were both given"),
+    # options
+    "dropout 1": (sdpa(dropout_p=1.0), ValueError, r"dropout_p must be in \[0, 1\), got 1.0"),
+    "dropout negative": (sdpa(dropout_p=-0.1), ValueError, r"dropout_p must be in \[0, 1\), got -0.1"),
+    "dropout string": (sdpa(dropout_p="0.1"), TypeError, r"dropout_p must be a float in \[0, 1\), got str"),
+    "scale zero": (sdpa(scale=0.0), ValueError, r"scale must be a positive, finite float or None, got 0.0"),
+    "scale negative": (sdpa(scale=-2.0), ValueError, r"scale must be a positive.*got -2.0"),
+    "scale nan": (sdpa(scale=float("nan")), ValueError, r"scale must be a positive, finite.*got nan"),
+    "scale inf": (sdpa(scale=float("inf")), ValueError, r"scale must be a positive, finite.*got inf"),
+    "is_causal not bool": (sdpa(is_causal=1), TypeError, r"is_causal must be a bool, got int 1"),
+    "enable_gqa not bool": (sdpa(enable_gqa="yes"), TypeError, r"enable_gqa must be a bool, got str 'yes'"),
+    "device mismatch": (sdpa(key=k0.to("meta")), ValueError, r"key must be on the device of query \(cpu\).*meta"),
+    # backends
+    "unknown backend": (sdpa(backend="fast"), ValueError,
+                        r"unknown backend 'fast'; known backends: \[.*'chunked'.*'numpy'.*'reference'.*'torch'"),
+    "planned backend": (sdpa(backend="triton"), ValueError, r"backend 'triton'"),
+    "backend not a str": (sdpa(backend=3), TypeError, r"backend must be a str or None, got int 3"),
+    "numpy with grad": (sdpa(query=q_grad, key=k_grad, value=v_grad, backend="numpy"), ValueError,
+                        r"backend 'numpy' cannot handle these inputs: it has no autograd.*backends that can: "
+                        r"\[.*'torch'"),
+    "numpy with dropout": (sdpa(dropout_p=0.1, backend="numpy"), ValueError,
+                           r"backend 'numpy' cannot handle these inputs: it has no dropout \(dropout_p=0.1\)"),
+    "chunked with dropout": (sdpa(dropout_p=0.2, backend="chunked"), ValueError,
+                             r"backend 'chunked' cannot handle these inputs: it has no dropout \(dropout_p=0.2\)"),
+    "chunked with mask grad": (sdpa(attn_mask=torch.zeros(5, 6, requires_grad=True), backend="chunked"),
+                               ValueError, r"'chunked' cannot handle .*gradient for a float attn_mask"),
+    "use_backend unknown": (lambda: ac.use_backend("nope").__enter__(), ValueError, r"unknown backend 'nope'"),
+    # attention_weights and masked_softmax share the checks
+    "weights E mismatch": (lambda: ac.attention_weights(q0, torch.randn(2, 4, 6, 5)), ValueError,
+                           r"key's last dim must equal query's \(E=8\)"),
+    "masked_softmax scores": (lambda: ac.masked_softmax([1.0, 2.0]), TypeError,
+                              r"scores must be a torch.Tensor, got list"),
+    "masked_softmax mask shape": (lambda: ac.masked_softmax(torch.randn(3, 4), torch.ones(3, 5, dtype=torch.bool)),
+                                  ValueError, r"mask of shape \(3, 5\) does not broadcast .*\(3, 4\)"),
+    "masked_softmax dim": (lambda: ac.masked_softmax(torch.randn(3, 4), dim=2), ValueError,
+                           r"dim must be an int in \[-2, 2\), got 2"),
+    "masked_softmax int mask": (lambda: ac.masked_softmax(torch.randn(3, 4), torch.ones(3, 4, dtype=torch.int32)),
+                                TypeError, r"mask must be bool .*got dtype torch.int32"),
+    # masks.py
+    "padding too long": (lambda: ac.padding_mask([2, 7], 5), ValueError,
+                         r"valid_lens must lie in \[0, max_len=5\], got \[2, 7\]"),
+    "padding negative": (lambda: ac.padding_mask(torch.tensor([-1, 2]), 5), ValueError,
+                         r"valid_lens must lie in \[0, max_len=5\], got \[-1, 2\]"),
+    "padding float lens": (lambda: ac.padding_mask(torch.tensor([1.5]), 5), ValueError,
+                           r"valid_lens must be a 1-D integer tensor .*torch.float32"),
+    "padding list of str": (lambda: ac.padding_mask(["a"], 5), TypeError, r"valid_lens must be a list of ints"),
+    "causal negative L": (lambda: ac.causal_mask(-1), ValueError, r"L must be >= 0, got -1"),
+    "window zero": (lambda: masks.sliding_window_mask(4, 0), ValueError, r"window must be > 0, got 0"),
+    "to_bool of a bias": (lambda: ac.to_bool_mask(torch.tensor([0.0, -1e9])), ValueError,
+                          r"mask must hold only 0 and -inf.*-1000000000.0"),
+    "to_additive int mask": (lambda: ac.to_additive_mask(torch.ones(2, dtype=torch.int64)), TypeError,
+                             r"mask must be bool or floating, got dtype torch.int64"),
+    "to_torch_mha not tensor": (lambda: ac.to_torch_mha_mask(None), TypeError, r"mask must be a torch.Tensor"),
+    # scoring.py
+    "dot dims differ": (lambda: scoring.dot_score(torch.randn(2, 3, 4), torch.randn(2, 5, 6)), ValueError,
+                        r"query and key must have the same last dim.*query \(2, 3, 4\), key \(2, 5, 6\)"),
+    "unknown score": (lambda: scoring.make_score("bilinear"), ValueError,
+                      r"unknown score 'bilinear'; known scores: \['additive'"),
+    "score missing dims": (lambda: scoring.make_score("additive", query_dim=4, key_dim=5), ValueError,
+                           r"score 'additive' needs query_dim, key_dim, hidden_dim; missing: hidden_dim"),
+    "scaled_dot dims": (lambda: scoring.make_score("scaled_dot", query_dim=4, key_dim=5), ValueError,
+                        r"query_dim must equal key_dim, got 4 and 5"),
+    "general wrong key dim": (lambda: scoring.GeneralScore(4, 5)(torch.randn(3, 4), torch.randn(6, 7)), ValueError,
+                              r"key must have last dim 5, got shape \(6, 7\)"),
+    # modules.py
+    "embed_dim % num_heads": (lambda: ac.MultiHeadAttention(10, 3), ValueError,
+                              r"embed_dim \(10\) must be divisible by num_heads \(3\)"),
+    "num_heads % num_kv_heads": (lambda: ac.MultiHeadAttention(12, 4, num_kv_heads=3), ValueError,
+                                 r"num_heads \(4\) must be divisible by num_kv_heads \(3\)"),
+    "mha input rank": (lambda: ac.MultiHeadAttention(8, 2)(torch.randn(5, 8)), ValueError,
+                       r"query must be \(B, N, 8\) \(batch-first\), got shape \(5, 8\)"),
+    "mha last dim": (lambda: ac.MultiHeadAttention(8, 2)(torch.randn(2, 5, 6)), ValueError,
+                     r"query must have last dim 8, got shape \(2, 5, 6\)"),
+    "mha key padding shape": (lambda: ac.MultiHeadAttention(8, 2)(torch.randn(2, 5, 8),
+                                                                  key_padding_mask=torch.ones(2, 4, dtype=torch.bool)),
+                              ValueError, r"key_padding_mask must have shape \(B, S\) = \(2, 5\), got \(2, 4\)"),
+    "mha weights with backend": (lambda: ac.MultiHeadAttention(8, 2)(torch.randn(2, 5, 8), need_weights=True,
+                                                                     backend="torch"),
+                                 ValueError, r"need_weights=True runs the 'reference' backend, got backend='torch'"),
+    "from_torch bias_kv": (lambda: ac.MultiHeadAttention.from_torch(
+                               torch.nn.MultiheadAttention(8, 2, add_bias_kv=True)),
+                           ValueError, r"add_bias_kv=True"),
+    "from_torch zero_attn": (lambda: ac.MultiHeadAttention.from_torch(
+        torch.nn.MultiheadAttention(8, 2, add_zero_attn=True)), ValueError, r"add_zero_attn=True"),
+    "from_torch wrong type": (lambda: ac.MultiHeadAttention.from_torch(torch.nn.Linear(2, 2)), TypeError,
+                              r"m must be a torch.nn.MultiheadAttention, got Linear"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_raises_a_clear_error(name):
+    call, exc, pattern = CASES[name]
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_enough_cases():
+    assert len(CASES) >= 25
+
+
+def test_unavailable_backend_says_why_and_what_is_available():
+    backend = Backend(
+        "test-unavailable", "a backend that needs hardware this machine lacks", "attention_core.backends.reference",
+        lambda: (False, "needs a CUDA device"), lambda inputs: None,
+    )
+    register_backend(backend)
+    try:
+        assert "test-unavailable" not in ac.available_backends()
+        with pytest.raises(ValueError, match=r"'test-unavailable' cannot run on this machine: needs a CUDA device; "
+                                             r"available here: \[.*'reference'"):
+            sdpa(backend="test-unavailable")()
+        with pytest.raises(ValueError, match=r"cannot run on this machine"):
+            with ac.use_backend("test-unavailable"):
+                pass
+    finally:
+        from attention_core.backends import _REGISTRY
+
+        del _REGISTRY["test-unavailable"]
+
+
+def test_errors_come_before_any_arithmetic():
+    """A bad mask is reported by name, never as torch's broadcast error from inside a kernel."""
+    q, k, v = qkv()
+    for backend in ac.available_backends():
+        with pytest.raises(ValueError, match="attn_mask of shape"):
+            ac.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 6, dtype=torch.bool), backend=backend)

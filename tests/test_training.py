@@ -1,0 +1,104 @@
+"""Training loop and checkpoints: the loss falls, runs repeat, checksums are verified."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from attention_core import training
+from attention_core.seq2seq import build_model
+from attention_core.seq2seq_data import NumberWords
+from attention_core.training import (
+    RECIPES,
+    file_sha256,
+    load_checkpoint,
+    load_or_train,
+    save_checkpoint,
+    sequence_loss,
+    train_seq2seq,
+)
+
+TASK = NumberWords(max_digits=3)
+
+
+def tiny(kind: str = "bahdanau"):
+    return build_model({"kind": kind, "src_vocab_size": len(TASK.src_vocab), "tgt_vocab_size": len(TASK.tgt_vocab),
+                        "embed_dim": 8, "hidden_dim": 8, "seed": 0})
+
+
+def test_short_training_lowers_the_loss() -> None:
+    model = tiny()
+    log = train_seq2seq(model, TASK.stream(32, seed=0), steps=40, lr=1e-2, show_progress=False)
+    assert len(log.losses) == 40 and log.seconds > 0
+    assert sum(log.losses[-5:]) / 5 < 0.8 * sum(log.losses[:5]) / 5
+
+
+def test_seeded_runs_repeat_exactly() -> None:
+    runs = []
+    for _ in range(2):
+        model = tiny("luong")
+        log = train_seq2seq(model, TASK.stream(16, seed=3), steps=5, show_progress=False)
+        runs.append((log.losses, [p.detach().clone() for p in model.parameters()]))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+
+
+def test_sequence_loss_ignores_padding() -> None:
+    logits = torch.randn(2, 3, 5)
+    tgt = torch.tensor([[4, 2, 0], [3, 0, 0]])
+    full = torch.nn.functional.cross_entropy(logits[tgt != 0], tgt[tgt != 0])
+    torch.testing.assert_close(sequence_loss(logits, tgt), full)
+    with pytest.raises(ValueError, match=r"logits must be \(B, T, V\) with \(B, T\) = \(2, 3\)"):
+        sequence_loss(logits[:, :2], tgt)
+
+
+def test_bad_training_arguments() -> None:
+    with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
+        train_seq2seq(tiny(), TASK.stream(4, 0), steps=0)
+    with pytest.raises(ValueError, match="lr must be > 0, got -1"):
+        train_seq2seq(tiny(), TASK.stream(4, 0), steps=1, lr=-1)
+
+
+def test_checkpoint_roundtrip_and_checksum(tmp_path) -> None:
+    model = tiny("luong")
+    path = tmp_path / "m.pt"
+    sha = save_checkpoint(model, path)
+    assert sha == file_sha256(path) and len(sha) == 64
+    loaded = load_checkpoint(path, sha)
+    assert loaded.config == model.config and not loaded.training
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"has sha256 [0-9a-f]{{64}}, expected {sha}"):
+        load_checkpoint(path, sha)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "missing.pt", sha)
+
+
+def test_load_or_train_uses_the_manifest(tmp_path, monkeypatch) -> None:
+    model = tiny()
+    sha = save_checkpoint(model, tmp_path / "bahdanau.pt")
+    entry = {"file": "bahdanau.pt", "sha256": sha, "recipe": asdict(RECIPES["bahdanau"])}
+    (tmp_path / "manifest.json").write_text(json.dumps({"bahdanau": entry}))
+    loaded, got = load_or_train("bahdanau", tmp_path)
+    assert got["sha256"] == sha and loaded.config == model.config
+
+    calls = []
+
+    def fake_train(name, device=None, show_progress=True):
+        calls.append(name)
+        return tiny(), training.TrainLog(losses=[1.0, 0.5], seconds=0.1)
+
+    monkeypatch.setattr(training, "train_recipe", fake_train)
+    _, fresh = load_or_train("bahdanau", tmp_path, retrain=True)
+    _, missing = load_or_train("plain", tmp_path)
+    assert calls == ["bahdanau", "plain"] and fresh["sha256"] is None and missing["losses"] == [0.75]
+
+
+def test_unknown_recipe() -> None:
+    with pytest.raises(ValueError, match=r"name must be one of .*got 'gpt'"):
+        training.train_recipe("gpt")
