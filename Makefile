@@ -51,12 +51,15 @@ book: $(STAMP) site-assets
 
 test: test-unit test-notebooks test-site
 
+# pytest-xdist spreads tests over the cores; `--dist loadfile` keeps each notebook's cells in one kernel, in order.
+JOBS ?= 2
+
 test-unit: $(STAMP)
-	$(VENV)/bin/ruff check attention_core tests scripts
-	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider --ignore=tests/browser tests
+	$(VENV)/bin/ruff check attention_core tests scripts benchmarks
+	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --ignore=tests/browser tests
 
 test-notebooks: $(STAMP)
-	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadfile --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg book
 
 test-site: $(STAMP) site-assets
@@ -73,7 +76,7 @@ serve: $(STAMP)
 	$(PY) -m http.server --bind 127.0.0.1 --directory _build/html 8000
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check attention_core tests scripts
+	$(VENV)/bin/ruff check attention_core tests scripts benchmarks
 
 clean:
 	rm -rf _build
