@@ -29,6 +29,8 @@ from attention_core._checks import (
     check_floating,
     check_min_rank,
     check_positive_int,
+    check_same_device,
+    check_same_dtype,
     check_scale,
     check_tensor,
     fmt_shape,
@@ -55,6 +57,8 @@ def _check_pair(query: torch.Tensor, key: torch.Tensor, same_dim: bool) -> None:
         check_tensor(t, name)
         check_floating(t, name)
         check_min_rank(t, name, 2, "(..., N, D)")
+    check_same_dtype(query=query, key=key)
+    check_same_device(query=query, key=key)
     if same_dim and query.shape[-1] != key.shape[-1]:
         raise ValueError(
             f"query and key must have the same last dim for a dot-product score: got query "

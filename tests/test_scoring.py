@@ -23,10 +23,12 @@ def test_dot_and_scaled_dot():
     torch.testing.assert_close(scoring.scaled_dot_score(q, k, scale=0.3), want * 0.3)
 
 
-def test_scaled_dot_keeps_unit_variance():
-    q, k = torch.randn(4000, 1, 256), torch.randn(4000, 1, 256)
-    assert abs(scoring.dot_score(q, k).var().item() / 256 - 1) < 0.15
-    assert abs(scoring.scaled_dot_score(q, k).var().item() - 1) < 0.15
+@pytest.mark.parametrize("d", [4, 64, 512])
+def test_scaled_dot_keeps_unit_variance(d):
+    g = torch.Generator().manual_seed(d)
+    q, k = torch.randn(4000, 1, d, generator=g), torch.randn(4000, 1, d, generator=g)
+    assert abs(scoring.dot_score(q, k).var().item() / d - 1) < 0.15  # Var(q . k) = d
+    assert abs(scoring.scaled_dot_score(q, k).var().item() - 1) < 0.15  # and 1 after 1/sqrt(d)
 
 
 def test_cosine():
@@ -84,3 +86,63 @@ def test_scores_feed_attention():
     weights = torch.softmax(scoring.scaled_dot_score(q, k), dim=-1)
     assert torch.allclose(weights.sum(-1), torch.ones(2, 3))
     assert math.isclose(scoring.ScaledDotScore()(q, k).sum().item(), scoring.scaled_dot_score(q, k).sum().item())
+
+
+@pytest.mark.parametrize("name", sorted(scoring.SCORES))
+def test_leading_dims_broadcast(name):
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 1, 3, 4, generator=g), torch.randn(1, 5, 6, 4, generator=g)
+    module = scoring.make_score(name, query_dim=4, key_dim=4, hidden_dim=3)
+    out = module(q, k)
+    assert out.shape == (2, 5, 3, 6)
+    torch.testing.assert_close(out[1, 2], module(q[1, 0], k[0, 2]))  # each pair scored on its own
+
+
+def test_general_with_identity_is_dot():
+    q, k = pair()
+    score = scoring.GeneralScore(4, 4)
+    with torch.no_grad():
+        score.W.weight.copy_(torch.eye(4))
+    torch.testing.assert_close(score(q, k), scoring.dot_score(q, k))
+
+
+def test_concat_is_additive_with_split_weights():
+    q, k = pair(Dq=4, Dk=6)
+    concat, additive = scoring.ConcatScore(4, 6, 5), scoring.AdditiveScore(4, 6, 5)
+    with torch.no_grad():  # W_c = [W_q  W_k], the same v
+        additive.W_q.weight.copy_(concat.W_c.weight[:, :4])
+        additive.W_k.weight.copy_(concat.W_c.weight[:, 4:])
+        additive.v.weight.copy_(concat.v.weight)
+    torch.testing.assert_close(concat(q, k), additive(q, k))
+
+
+def test_parameter_counts():
+    counts = {name: sum(p.numel() for p in scoring.make_score(name, 8, 6 if name in ("general", "additive", "concat")
+                                                                  else 8, 16).parameters())
+              for name in scoring.SCORES}
+    assert counts == {"dot": 0, "scaled_dot": 0, "cosine": 0, "general": 8 * 6,
+                      "additive": 16 * (8 + 6 + 1), "concat": 16 * (8 + 6 + 1)}
+
+
+def test_cosine_ignores_norms_and_is_bounded():
+    q, k = pair()
+    torch.testing.assert_close(scoring.cosine_score(3 * q, 0.5 * k), scoring.cosine_score(q, k))
+    scores = scoring.cosine_score(q, k, temperature=0.25)
+    assert scores.abs().max() <= 4 + 1e-5
+    assert not torch.allclose(scoring.dot_score(3 * q, k), scoring.dot_score(q, k))  # the dot product does not
+
+
+@pytest.mark.parametrize("name", ["general", "additive", "concat"])
+def test_gradcheck_learned_scores(name):
+    module = scoring.make_score(name, query_dim=3, key_dim=2, hidden_dim=4).double()
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(4, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(module, (q, k))
+
+
+def test_mismatched_dtypes_name_the_arguments():
+    with pytest.raises(TypeError, match=r"key must have the dtype of query \(torch.float32\)"):
+        scoring.dot_score(torch.randn(3, 4), torch.randn(5, 4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="query must have a floating-point dtype, got torch.int64"):
+        scoring.scaled_dot_score(torch.ones(3, 4, dtype=torch.long), torch.randn(5, 4))
