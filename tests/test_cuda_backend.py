@@ -2,8 +2,8 @@
 
 CPU (CI): ``nvcc`` compiles the kernels for sm_75 (Colab's T4: level 1 and fp16 level 2) and for sm_80 (with
 the bf16 level-2 kernel), so a syntax or type error fails here, not on a reader's GPU; the torch binding is
-syntax-checked by the host compiler against torch's headers, with the module definition ``load_inline``
-would add. The availability answer and the T4 fallback decision are checked with the GPU queries faked.
+syntax-checked by the host compiler against torch's ATen headers (``load_inline`` adds the pybind11 module
+around it). The availability answer and the T4 fallback decision are checked with the GPU queries faked.
 
 GPU (``-m gpu``, skipped without CUDA): both levels against the float64 reference, with poisoned outputs.
 """
@@ -37,30 +37,57 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (looked in 
                                 "/usr/local/cuda/bin)")
 
 
-@needs_nvcc
-@pytest.mark.parametrize("arch,bf16", [("sm_75", False), ("sm_80", True)])
-def test_kernels_compile(tmp_path: Path, arch: str, bf16: bool) -> None:
-    cmd = [NVCC, "-c", "-O3", f"-arch={arch}", "--Werror", "all-warnings", str(cuda_flash.KERNEL_SOURCE),
-           "-o", str(tmp_path / "flash.o")] + (["-DAC_WITH_BF16"] if bf16 else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr[-4000:]}"
+#: What each compile check runs: nvcc on the kernels for Colab's T4 (sm_75: level 1 and fp16 level 2) and for
+#: Ampere+ (sm_80, with the bf16 level-2 kernel); the host compiler on the binding. Optimisation is off
+#: (``-Xcicc -O0 -Xptxas -O0``): the front end still rejects every syntax and type error, and ptxas still
+#: checks the static shared memory against the 48 KB limit, in seconds instead of a minute.
+COMPILES = ["kernels_sm_75", "kernels_sm_80_bf16", "binding"]
 
 
-@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler")
-def test_binding_compiles(tmp_path: Path) -> None:
-    from torch.utils.cpp_extension import include_paths
+def _compile_commands(tmp: Path) -> dict:
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
 
-    source = tmp_path / "binding.cpp"
-    source.write_text(  # what load_inline(functions=["flash_forward"]) appends to the C++ source
-        cuda_flash.BINDING_SOURCE.read_text()
-        + '\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n'
-        '  m.def("flash_forward", torch::wrap_pybind_function(flash_forward), "flash_forward");\n}\n'
-    )
+    (tmp / "flash.cu").write_text(cuda_flash.KERNEL_SOURCE)
+    (tmp / "binding.cpp").write_text(cuda_flash.BINDING_SOURCE)
+    nvcc = [NVCC, "-c", "-Xcicc", "-O0", "-Xptxas", "-O0", "--Werror", "all-warnings", *COMMON_NVCC_FLAGS,
+            str(tmp / "flash.cu")]
     includes = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
-    cmd = ["c++", "-fsyntax-only", "-std=c++20", "-w", "-DTORCH_EXTENSION_NAME=ac_check", *includes,
-           str(source)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {
+        "kernels_sm_75": nvcc + ["-arch=sm_75", "-o", str(tmp / "flash75.o")],
+        "kernels_sm_80_bf16": nvcc + ["-arch=sm_80", "-DAC_WITH_BF16", "-o", str(tmp / "flash80.o")],
+        "binding": ["c++", "-fsyntax-only", "-std=c++17", "-w", *includes, str(tmp / "binding.cpp")],
+    }
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Run the three compile checks at once (two cores: about as long as the slowest); name -> (rc, log)."""
+    if NVCC is None:
+        pytest.skip("nvcc not found (looked in PATH, $CUDA_HOME/bin and /usr/local/cuda/bin)")
+    if shutil.which("c++") is None:
+        pytest.skip("no host C++ compiler")
+    commands = _compile_commands(tmp_path_factory.mktemp("cuda_src"))
+    procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name, cmd in commands.items()}
+    results = {}
+    for name, proc in procs.items():
+        log, _ = proc.communicate(timeout=600)
+        results[name] = (proc.returncode, " ".join(commands[name][:12]) + " ...\n" + log[-4000:])
+    return results
+
+
+@pytest.mark.parametrize("name", COMPILES)
+def test_sources_compile(compiled: dict, name: str) -> None:
+    rc, log = compiled[name]
+    assert rc == 0, log
+
+
+def test_sources_are_package_code() -> None:
+    """The sources are Python strings, so a pip install (Colab) carries them; the C entry point is in both."""
+    assert isinstance(cuda_flash.KERNEL_SOURCE, str) and isinstance(cuda_flash.BINDING_SOURCE, str)
+    for src in (cuda_flash.KERNEL_SOURCE, cuda_flash.BINDING_SOURCE):
+        assert "int ac_flash_forward(" in src
+    assert "void flash_forward(" in cuda_flash.BINDING_SOURCE
 
 
 def _inputs(**kw: object) -> AttentionInputs:

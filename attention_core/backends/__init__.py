@@ -14,19 +14,27 @@ and receives *canonical* inputs, already validated by :func:`attention_core.scal
 
 A fully masked query row gives zeros in every backend.
 
-=========== ============================================ ======== ======= =======
-name        what                                         autograd dropout weights
-=========== ============================================ ======== ======= =======
-reference   eager torch math, any device                 yes      yes     yes
-numpy       float64 NumPy oracle (copies to the CPU)     no       no      no
-torch       ``torch.nn.functional.scaled_dot_product_…`` yes      yes     no
-chunked     online softmax over tiles, custom backward   yes      no      no
-=========== ============================================ ======== ======= =======
+=========== ============================================ ======== ======= ======= ==============================
+name        what                                         autograd dropout weights runs on
+=========== ============================================ ======== ======= ======= ==============================
+reference   eager torch math, any device                 yes      yes     yes     any device
+numpy       float64 NumPy oracle (copies to the CPU)     no       no      no      any device (computes on CPU)
+torch       ``torch.nn.functional.scaled_dot_product_…`` yes      yes     no      any device
+chunked     online softmax over tiles, custom backward   yes      no      no      any device
+triton      FlashAttention-2 forward + backward kernels  yes      no      no      CUDA sm_75+ (bf16: sm_80+);
+                                                                                  CPU under ``TRITON_INTERPRET=1``
+cuda        hand-written CUDA C++ forward (two levels)   yes [1]_ no      no      CUDA sm_75+ with nvcc + ninja
+=========== ============================================ ======== ======= ======= ==============================
 
-The registry is open: :func:`register_backend` adds an entry (the fused ``"triton"`` and ``"cuda"`` kernels
-arrive this way with their own issue; until then their names raise a "not registered" error that lists
-what is). An entry names its implementation by module path, so a backend's module, and whatever heavy thing
-it imports, is loaded only on first use.
+.. [1] its backward recomputes attention with the eager ``reference`` backend (O(L * S) memory).
+
+``triton`` and ``cuda`` take no ``attn_mask`` (``is_causal`` only) and head dims up to 128; asking for them
+where they cannot run, or with inputs they cannot take, raises a ``ValueError`` that says why (answered by
+:mod:`attention_core.backends.fused_checks` without importing Triton or compiling anything).
+
+The registry is open: :func:`register_backend` adds an entry. An entry names its implementation by module
+path, so a backend's module, and whatever heavy thing it imports (Triton, the CUDA compiler), is loaded only
+on first use.
 
 Which backend runs a call: the ``backend=`` argument if given, else the innermost :func:`use_backend`, else
 the automatic choice of :func:`choose_backend`.
@@ -116,11 +124,8 @@ _CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention
 #: The automatic choice tries these in order and takes the first that is available and supports the inputs.
 AUTO_ORDER: tuple[str, ...] = ("torch", "reference")
 
-#: Names the contract reserves for backends that arrive later, with why they are not here yet.
-_PLANNED = {
-    "triton": "the fused Triton kernel is not registered yet (it arrives with the kernels issue)",
-    "cuda": "the CUDA C++ kernel is not registered yet (it arrives with the kernels issue)",
-}
+#: Names the contract reserves for backends that are not registered (none left; kept for future entries).
+_PLANNED: dict[str, str] = {}
 
 
 def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
@@ -174,9 +179,11 @@ def choose_backend(inputs: AttentionInputs) -> Backend:
     ======== ================ =============================================================
     device   chosen           why
     ======== ================ =============================================================
-    CPU      ``torch``        fused CPU kernel in ATen; handles masks, GQA, dropout, grads
-    CUDA     ``torch``        flash / memory-efficient kernels (``triton`` goes in front of
-                              it in :data:`AUTO_ORDER` when that backend is registered)
+    CPU      ``torch``        fused CPU kernel in ATen; handles masks, GQA, dropout, grads;
+                              measured faster than ``chunked`` on CPU (benchmarks/)
+    CUDA     ``torch``        its flash / cuDNN / memory-efficient kernels. ``triton`` and
+                              ``cuda`` run only when asked for by name: they have not yet
+                              been timed against it on a GPU (benchmarks/NOTES.md)
     other    ``torch``        ``reference`` if some future entry ahead of it declines
     ======== ================ =============================================================
     """
@@ -264,4 +271,15 @@ register_backend(Backend(
 register_backend(Backend(
     "chunked", "online softmax over key/value tiles in plain torch, recomputing backward (no dropout)",
     "attention_core.backends.chunked", _always, _chunked_supports,
+))
+# The fused kernels' checks live in a module that imports only torch: asking never imports Triton or compiles.
+from attention_core.backends import fused_checks  # noqa: E402
+
+register_backend(Backend(
+    "triton", "FlashAttention-2 forward and backward in Triton (CUDA; the CPU under TRITON_INTERPRET=1)",
+    "attention_core.backends.triton_flash", fused_checks.triton_available, fused_checks.triton_supports,
+))
+register_backend(Backend(
+    "cuda", "hand-written CUDA C++ flash forward, fp32 rows or tensor cores (WMMA), via load_inline",
+    "attention_core.backends.cuda_flash", fused_checks.cuda_available, fused_checks.cuda_supports,
 ))

@@ -1,9 +1,10 @@
 """Hand-written CUDA C++ flash attention (forward), compiled at first use with ``load_inline``.
 
-The kernels are in ``csrc/flash_attention.cu`` (plain CUDA, raw pointers) and the torch glue in
-``csrc/flash_attention_binding.cpp``; this module reads both, compiles them once per process (torch caches
-the build on disk across processes) and launches them. Nothing is compiled at import, or on a machine without
-a CUDA device: :func:`attention_core.backends.fused_checks.cuda_available` says why not.
+The kernels are in :data:`attention_core.backends.cuda_kernels.KERNEL_SOURCE` (plain CUDA, raw pointers) and the
+torch glue in ``BINDING_SOURCE`` beside it; this module compiles both once per process with
+``torch.utils.cpp_extension.load_inline`` (torch caches the build on disk across processes) and launches
+them. Nothing is compiled at import, or on a machine without a CUDA device:
+:func:`attention_core.backends.fused_checks.cuda_available` says why not.
 
 Two levels, the same function:
 
@@ -30,23 +31,17 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from attention_core._checks import check_scale
 from attention_core.backends import reference
+from attention_core.backends.cuda_kernels import BINDING_SOURCE, KERNEL_SOURCE
 from attention_core.backends.fused_checks import check_fused_inputs, cuda_available
 
 __all__ = ["BINDING_SOURCE", "KERNEL_SOURCE", "attention", "flash_attention", "flash_attention_forward",
            "load_extension"]
-
-_CSRC = Path(__file__).with_name("csrc")
-#: The CUDA kernels and their launcher (compiled by nvcc).
-KERNEL_SOURCE = _CSRC / "flash_attention.cu"
-#: The torch binding (compiled by the host C++ compiler).
-BINDING_SOURCE = _CSRC / "flash_attention_binding.cpp"
 
 #: Tests set this to True: the output buffer is then filled with NaN before the kernel writes it.
 POISON_OUTPUTS = False
@@ -83,8 +78,8 @@ def load_extension(with_bf16: Optional[bool] = None) -> Any:
     try:
         return load_inline(
             name="attention_core_flash" + ("_bf16" if with_bf16 else ""),
-            cpp_sources=[BINDING_SOURCE.read_text()],
-            cuda_sources=[KERNEL_SOURCE.read_text()],
+            cpp_sources=[BINDING_SOURCE],
+            cuda_sources=[KERNEL_SOURCE],
             functions=["flash_forward"],
             extra_cuda_cflags=flags,
             verbose=False,
