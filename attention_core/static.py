@@ -22,7 +22,15 @@ import io
 import json
 from typing import Any, Sequence
 
-__all__ = ["answer_box_html", "figure_to_data_uri", "frame_slider", "quiz_html", "with_static_fallback"]
+__all__ = [
+    "HTML",
+    "StaticFallback",
+    "answer_box_html",
+    "figure_to_data_uri",
+    "frame_slider",
+    "quiz_html",
+    "with_static_fallback",
+]
 
 
 class HTML:
@@ -76,7 +84,7 @@ def frame_slider(
         dpi: resolution of rendered figures.
 
     Returns:
-        An :class:`HTML` object; display it in a notebook cell.
+        An :class:`~attention_core.static.HTML` object; display it in a notebook cell.
 
     Raises:
         ValueError: if ``frames`` is empty, lengths differ, or ``initial`` is out of range.
@@ -179,8 +187,12 @@ def answer_box_html(prompt: str, expected: float, *, rtol: float = 1e-2, atol: f
     return HTML(markup)
 
 
-class _WithStaticFallback:
-    """Displays a live widget (Jupyter, Colab) and static HTML (the rendered site) as one output."""
+class StaticFallback:
+    """Displays a live widget (Jupyter, Colab) and static HTML (the rendered site) as one output.
+
+    Its display data holds both the widget view and ``text/html``; the site's ``_config.yml`` ranks
+    ``text/html`` first, so the page shows the HTML, while Jupyter and Colab show the widget.
+    """
 
     def __init__(self, widget: Any, static: HTML) -> None:
         self.widget = widget
@@ -202,6 +214,14 @@ class _WithStaticFallback:
         return data
 
 
-def with_static_fallback(widget: Any, static: HTML) -> _WithStaticFallback:
-    """Pair a live widget with HTML that works without a kernel; display the result in a cell."""
-    return _WithStaticFallback(widget, static)
+def with_static_fallback(widget: Any, static: HTML) -> StaticFallback:
+    """Pair a live widget with HTML that works without a kernel; display the result in a cell.
+
+    Args:
+        widget: an ipywidgets widget (7.x or 8.x).
+        static: its kernel-free stand-in, e.g. from :func:`frame_slider` or :func:`quiz_html`.
+
+    Returns:
+        A :class:`StaticFallback`; display it in a notebook cell.
+    """
+    return StaticFallback(widget, static)
