@@ -7,10 +7,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention_core as ac
+from attention_core.backends import chunked
 from attention_core.backends.chunked import chunked_attention
 from attention_core.backends.reference import attention as reference_attention
 
-BLOCKS = [(2, 3), (4, 2), (64, 64)]  # several tiles each way, and a single tile
+BLOCKS = [(2, 3), (64, 64)]  # several tiles each way, and a single tile
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every output buffer starts as NaN, so a tile the loops skipped by mistake shows up."""
+    monkeypatch.setattr(chunked, "POISON_OUTPUTS", True)
 
 
 def inputs(B=1, Hq=2, H=1, L=5, S=7, E=3, Ev=2, dtype=torch.float64, seed=0, grad=False):
@@ -62,10 +69,10 @@ def test_gradcheck_reference_float_mask_gradient():
     assert torch.autograd.gradcheck(fn, (mask,))
 
 
-@pytest.mark.parametrize("L,S", [(13, 13), (9, 21), (21, 9), (1, 17), (17, 1)])
+@pytest.mark.parametrize("L,S,blocks", [(13, 13, (3, 8)), (9, 21, (8, 3)), (21, 9, (3, 8)), (1, 17, (8, 3)),
+                                        (17, 1, (3, 8))])
 @pytest.mark.parametrize("mask_name", ["none", "bool", "float", "key", "causal"])
-@pytest.mark.parametrize("blocks", [(3, 8), (8, 3)])
-def test_forward_and_backward_equal_reference(L, S, mask_name, blocks):
+def test_forward_and_backward_equal_reference(L, S, blocks, mask_name):
     q, k, v = inputs(B=2, Hq=6, H=2, L=L, S=S, E=4, Ev=5, seed=L * S)
     mask = masks(L, S, seed=L + S)[mask_name]
     block_q, block_k = blocks
