@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
@@ -53,7 +52,6 @@ __all__ = [
     "TransformerDecoder",
     "TransformerDecoderLayer",
     "build_transformer",
-    "load_transformer_checkpoint",
 ]
 
 
@@ -289,11 +287,19 @@ class Seq2SeqAttentions:
 
 
 class _Embed(nn.Module):
-    """Token embedding times sqrt(D), plus sinusoidal positions (then dropout)."""
+    """Token embedding times sqrt(D), plus sinusoidal positions (then dropout).
+
+    The embedding starts with standard deviation ``D ** -0.5`` so that after the ``sqrt(D)`` scaling a token's
+    features have unit scale, like the position table's. (``nn.Embedding``'s default N(0, 1) start would make
+    the tokens ``sqrt(D)`` times larger than the positions, which the model then struggles to read.)
+    """
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, dropout: float) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
+        with torch.no_grad():
+            nn.init.normal_(self.tokens.weight, std=d_model**-0.5)
+            self.tokens.weight[PAD_ID].zero_()
         self.positions = SinusoidalPositionalEncoding(d_model, max_len=max_len, dropout=dropout)
         self.scale = math.sqrt(d_model)
 
@@ -432,28 +438,3 @@ def build_transformer(config: Dict[str, Any]) -> Seq2SeqTransformer:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(full["seed"])
         return Seq2SeqTransformer(**kwargs, config=full)
-
-
-def load_transformer_checkpoint(path: Union[str, Path], sha256: str, device: Optional[torch.device] = None
-                                ) -> Seq2SeqTransformer:
-    """Verify ``path`` against ``sha256`` (before unpickling), rebuild the model, load its weights (eval mode).
-
-    The file is what :func:`attention_core.training.save_checkpoint` writes: ``{"config", "state_dict"}``.
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        ValueError: the file's sha256 differs from ``sha256``.
-    """
-    from attention_core.training import file_sha256  # lazy: training imports the RNN models
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    seen = file_sha256(path)
-    if seen != sha256:
-        raise ValueError(f"checkpoint {path} has sha256 {seen}, expected {sha256}: the file is damaged or was "
-                         "replaced; retrain it with scripts/train_transformer_checkpoint.py")
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    model = build_transformer(blob["config"])
-    model.load_state_dict(blob["state_dict"])
-    return model.to(device or "cpu").eval()

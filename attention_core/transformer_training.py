@@ -1,0 +1,168 @@
+"""Training the book's Transformer on the number-words task, and the checkpoint chapter 8 loads.
+
+The recipe (:data:`TRANSFORMER_RECIPE`) uses the training loop of the RNN models,
+:func:`attention_core.training.train_seq2seq` (teacher forcing, Adam, gradient clipping, a tqdm bar), and
+the same stream of batches (``NumberWords().stream(batch_size, data_seed)``), so that chapter 8 can compare
+the Transformer with chapters 3 and 4's models on equal terms.
+
+``scripts/train_transformer_checkpoint.py`` trains it once and writes ``transformer.pt`` and
+``transformer_manifest.json`` (sha256, parameters, training time, loss curve, recipe) into
+``attention_core/checkpoints/``. :func:`load_or_train_transformer` loads that file after checking its sha256,
+and trains from the recipe instead when asked (``retrain=True``) or when the file is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple, Union
+
+import torch
+
+from attention_core.seq2seq import count_parameters
+from attention_core.seq2seq_data import NumberWords
+from attention_core.training import TrainLog, file_sha256, train_seq2seq
+from attention_core.transformer_seq2seq import Seq2SeqTransformer, build_transformer
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "TRANSFORMER_MANIFEST",
+    "TRANSFORMER_RECIPE",
+    "TransformerRecipe",
+    "load_or_train_transformer",
+    "load_transformer_checkpoint",
+    "save_transformer_checkpoint",
+    "train_transformer",
+]
+
+PathLike = Union[str, Path]
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+TRANSFORMER_MANIFEST = "transformer_manifest.json"
+
+
+@dataclass(frozen=True)
+class TransformerRecipe:
+    """How the book's Transformer is built and trained.
+
+    The model fields go to :func:`~attention_core.transformer_seq2seq.build_transformer`; ``steps``,
+    ``batch_size``, ``lr``, ``clip`` and ``data_seed`` are the training budget, as in
+    :class:`attention_core.training.Recipe`.
+    """
+
+    name: str = "transformer"
+    d_model: int = 64
+    num_heads: int = 4
+    num_encoder_layers: int = 2
+    num_decoder_layers: int = 2
+    dim_feedforward: int = 128
+    dropout: float = 0.0
+    norm_first: bool = True
+    steps: int = 3000
+    batch_size: int = 64
+    lr: float = 1e-3
+    clip: float = 1.0
+    seed: int = 0
+    data_seed: int = 1
+
+    def config(self, task: NumberWords) -> Dict[str, Any]:
+        """The model's config dict for ``task``'s vocabularies."""
+        return {
+            "src_vocab_size": len(task.src_vocab), "tgt_vocab_size": len(task.tgt_vocab),
+            "d_model": self.d_model, "num_heads": self.num_heads, "num_encoder_layers": self.num_encoder_layers,
+            "num_decoder_layers": self.num_decoder_layers, "dim_feedforward": self.dim_feedforward,
+            "dropout": self.dropout, "norm_first": self.norm_first, "seed": self.seed,
+        }
+
+
+TRANSFORMER_RECIPE = TransformerRecipe()
+
+
+def train_transformer(recipe: TransformerRecipe = TRANSFORMER_RECIPE, device: Optional[torch.device] = None,
+                      show_progress: bool = True) -> Tuple[Seq2SeqTransformer, TrainLog]:
+    """Build the Transformer of ``recipe`` and train it from scratch; returns ``(model in eval mode, log)``."""
+    if not isinstance(recipe, TransformerRecipe):
+        raise TypeError(f"recipe must be a TransformerRecipe, got {type(recipe).__name__}")
+    task = NumberWords()
+    model = build_transformer(recipe.config(task))
+    log = train_seq2seq(model, task.stream(recipe.batch_size, recipe.data_seed), recipe.steps, lr=recipe.lr,
+                        clip=recipe.clip, device=device, desc=recipe.name, show_progress=show_progress)
+    return model, log
+
+
+def _entry(model: Seq2SeqTransformer, log: TrainLog, recipe: TransformerRecipe, sha256: Optional[str],
+           every: int = 25) -> Dict[str, Any]:
+    losses = log.losses
+    return {
+        "file": f"{recipe.name}.pt",
+        "sha256": sha256,
+        "parameters": count_parameters(model),
+        "train_seconds": round(log.seconds, 1),
+        "loss_every": every,
+        "losses": [round(sum(losses[i:i + every]) / len(losses[i:i + every]), 4) for i in range(0, len(losses), every)],
+        "recipe": asdict(recipe),
+    }
+
+
+def save_transformer_checkpoint(model: Seq2SeqTransformer, log: TrainLog, directory: PathLike = CHECKPOINT_DIR,
+                                recipe: TransformerRecipe = TRANSFORMER_RECIPE) -> Dict[str, Any]:
+    """Write ``<name>.pt`` (config + weights) and its entry in ``transformer_manifest.json``; return the entry."""
+    if not isinstance(model, Seq2SeqTransformer) or not model.config:
+        raise TypeError("model must be a Seq2SeqTransformer made by build_transformer (it carries its config)")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{recipe.name}.pt"
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    torch.save({"format": 1, "config": model.config, "state_dict": state}, path)
+    entry = _entry(model, log, recipe, file_sha256(path))
+    manifest_path = directory / TRANSFORMER_MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest[recipe.name] = entry
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return entry
+
+
+def load_transformer_checkpoint(path: PathLike, sha256: str, device: Optional[torch.device] = None
+                                ) -> Seq2SeqTransformer:
+    """Verify ``path`` against ``sha256`` (before unpickling), rebuild the model, load its weights (eval mode).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the file's sha256 differs from ``sha256``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    seen = file_sha256(path)
+    if seen != sha256:
+        raise ValueError(f"checkpoint {path} has sha256 {seen}, expected {sha256}: the file is damaged or was "
+                         "replaced; retrain it with scripts/train_transformer_checkpoint.py")
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    model = build_transformer(blob["config"])
+    model.load_state_dict(blob["state_dict"])
+    return model.to(device or "cpu").eval()
+
+
+def load_or_train_transformer(directory: PathLike = CHECKPOINT_DIR, retrain: bool = False,
+                              recipe: TransformerRecipe = TRANSFORMER_RECIPE, device: Optional[torch.device] = None
+                              ) -> Tuple[Seq2SeqTransformer, Dict[str, Any]]:
+    """The book's Transformer: loaded from ``directory`` (sha256 verified), or trained here.
+
+    Trains from ``recipe`` when ``retrain`` is true or when the manifest has no entry or file for it (the
+    trained model is not written to disk). A checkpoint made with a different recipe is refused.
+
+    Returns:
+        ``(model, entry)``: the model in eval mode and its manifest entry (for a fresh run, one describing it,
+        with ``"sha256": None``).
+    """
+    if not isinstance(retrain, bool):
+        raise TypeError(f"retrain must be a bool, got {type(retrain).__name__} {retrain!r}")
+    manifest_path = Path(directory) / TRANSFORMER_MANIFEST
+    entry = json.loads(manifest_path.read_text()).get(recipe.name) if manifest_path.is_file() else None
+    if not retrain and entry is not None and (Path(directory) / entry["file"]).is_file():
+        if entry["recipe"] != asdict(recipe):
+            raise ValueError(f"checkpoint {entry['file']!r} was trained with another recipe than the one asked for; "
+                             "retrain it with scripts/train_transformer_checkpoint.py")
+        return load_transformer_checkpoint(Path(directory) / entry["file"], entry["sha256"], device), entry
+    model, log = train_transformer(recipe, device)
+    return model, _entry(model, log, recipe, sha256=None)
