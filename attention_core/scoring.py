@@ -13,8 +13,8 @@ additive     v^T tanh(W_q q + W_k k)            W_q, W_k, v                     
 concat       v^T tanh(W_c [q; k])               W_c, v                          Luong et al. 2015
 ============ ================================== =============================== =====================
 
-Pure functions where there is nothing to learn, small ``nn.Module``s where there is; :func:`make_score`
-builds any of them by name (always as a module, so a model can hold it as a submodule).
+Pure functions where there is nothing to learn, small ``nn.Module`` subclasses where there is;
+:func:`make_score` builds any of them by name (always as a module, so a model can hold it as a submodule).
 """
 
 from __future__ import annotations
