@@ -14,9 +14,25 @@ from typing import Iterable, List, Optional, Sequence
 import torch
 
 from attention_core.seq2seq import Seq2Seq, greedy_decode
-from attention_core.seq2seq_data import EOS, Pair, Vocab, batches, length_buckets
+from attention_core.seq2seq_data import EOS, NumberWords, Pair, Vocab, batches, length_buckets
 
-__all__ = ["BucketScore", "Evaluation", "evaluate", "exact_match", "token_accuracy"]
+__all__ = [
+    "BUCKET_EDGES",
+    "TEST_SEED",
+    "TEST_SIZE",
+    "BucketScore",
+    "Evaluation",
+    "book_test_set",
+    "evaluate",
+    "evaluate_by_bucket",
+    "exact_match",
+    "token_accuracy",
+]
+
+#: Source-length buckets of the book's length experiments: [1, 6), [6, 11), [11, 16), [16, 21), [21, 28).
+BUCKET_EDGES = (1, 6, 11, 16, 21, 28)
+#: The fixed test set of chapters 3, 4 and 8: ``NumberWords().sample(TEST_SIZE, TEST_SEED)``.
+TEST_SIZE, TEST_SEED = 2000, 2024
 
 
 def _with_eos(tokens: Sequence[str]) -> List[str]:
@@ -86,18 +102,24 @@ class Evaluation:
         return rows
 
 
-def evaluate(model: Seq2Seq, pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab: Vocab, batch_size: int = 500,
-             max_len: Optional[int] = None, device: Optional[torch.device] = None) -> Evaluation:
+def evaluate(model: Seq2Seq, pairs: Sequence[Pair], src_vocab: Optional[Vocab] = None,
+             tgt_vocab: Optional[Vocab] = None, batch_size: int = 500, max_len: Optional[int] = None,
+             device: Optional[torch.device] = None) -> Evaluation:
     """Greedy-decode every source in ``pairs`` and score it against its target.
 
     Args:
         model: a trained :class:`~attention_core.seq2seq.Seq2Seq`.
         pairs: ``(source tokens, target tokens)`` examples.
-        src_vocab, tgt_vocab: the task's vocabularies.
+        src_vocab, tgt_vocab: the task's vocabularies (default: those of :class:`NumberWords`).
         batch_size: examples decoded at once.
         max_len: most tokens to decode (default: longest target + 2).
         device: where to run (default: the model's device).
     """
+    if len(pairs) == 0:
+        raise ValueError("pairs must hold at least one example, got 0")
+    if src_vocab is None or tgt_vocab is None:
+        task = NumberWords()
+        src_vocab, tgt_vocab = src_vocab or task.src_vocab, tgt_vocab or task.tgt_vocab
     device = device or next(model.parameters()).device
     max_len = max_len or max(len(t) for _, t in pairs) + 2
     preds: List[List[str]] = []
@@ -113,3 +135,40 @@ def evaluate(model: Seq2Seq, pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab:
         token_acc=[token_accuracy(p, g) for p, g in zip(preds, golds)],
         predictions=preds,
     )
+
+
+def book_test_set(n: int = TEST_SIZE, seed: int = TEST_SEED) -> List[Pair]:
+    """The fixed test set of the length experiments: ``NumberWords().sample(n, seed)`` (2,000 pairs by default)."""
+    return NumberWords().sample(n, seed)
+
+
+def evaluate_by_bucket(model: Seq2Seq, pairs: Sequence[Pair], edges: Sequence[int] = BUCKET_EDGES,
+                       batch_size: int = 500, device: Optional[torch.device] = None) -> dict:
+    """Greedy-decode ``pairs`` in batches and score them overall and per source-length bucket.
+
+    Works for any model with the interface of :class:`~attention_core.seq2seq.Seq2Seq` (``encode``,
+    ``decoder.init_state``, ``decoder.step``, ``has_attention``), the Transformer of
+    :mod:`attention_core.transformer_seq2seq` included. Uses the vocabularies of :class:`NumberWords`.
+
+    Args:
+        model: a trained model.
+        pairs: ``(source words, target digits)`` examples, e.g. :func:`book_test_set`.
+        edges: increasing bucket edges; bucket ``i`` holds sources with ``edges[i] <= length < edges[i + 1]``.
+        batch_size: examples decoded at once.
+        device: where to run (default: the model's device).
+
+    Returns:
+        ``{"edges": [...], "count": n, "exact_match": float, "token_accuracy": float, "buckets": [{"label":
+        "21-27", "low": 21, "high": 28, "count": int, "exact_match": float, "token_accuracy": float}, ...]}``;
+        an empty bucket has NaN scores.
+    """
+    ev = evaluate(model, pairs, batch_size=batch_size, device=device)
+    return {
+        "edges": list(edges),
+        "count": len(ev.exact),
+        "exact_match": ev.exact_match,
+        "token_accuracy": ev.token_accuracy,
+        "buckets": [{"label": b.label, "low": b.low, "high": b.high, "count": b.count,
+                     "exact_match": b.exact_match, "token_accuracy": b.token_accuracy}
+                    for b in ev.by_bucket(edges)],
+    }

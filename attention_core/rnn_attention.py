@@ -72,6 +72,14 @@ def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: Optional[torch.
     return (query[:, None, :] if single else query), value, single  # (B, Dq) -> (B, 1, Dq)
 
 
+def _check_projected(projected_key: torch.Tensor, key: torch.Tensor, features: int) -> None:
+    check_tensor(projected_key, "projected_key")
+    expected = (*key.shape[:2], features)
+    if tuple(projected_key.shape) != expected:
+        raise ValueError(f"projected_key must be (B, S, {features}) = {expected}, got shape "
+                         f"{fmt_shape(projected_key.shape)}; make it with project_key(key)")
+
+
 def _finish(weights: torch.Tensor, value: torch.Tensor, single: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     context = weights @ value  # (B, L, S) @ (B, S, Dv) -> (B, L, Dv)
     if single:
@@ -101,16 +109,39 @@ class AdditiveAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"query_dim={self.query_dim}, key_dim={self.key_dim}, hidden_dim={self.hidden_dim}"
 
+    def project_key(self, key: torch.Tensor) -> torch.Tensor:
+        """``W_k h_j`` for every source position: (B, S, Dk) -> (B, S, hidden_dim).
+
+        It does not depend on the decoder step, so a decoder computes it once per source sentence and
+        passes it to every step as ``projected_key`` (Bahdanau et al. note the same saving in their appendix).
+        """
+        return self.score.W_k(key)
+
+    def scores(self, query: torch.Tensor, key: torch.Tensor, projected_key: Optional[torch.Tensor] = None
+               ) -> torch.Tensor:
+        """Raw scores ``e``: (B, L, Dq), (B, S, Dk) -> (B, L, S); ``projected_key`` from :meth:`project_key`."""
+        if projected_key is None:
+            return self.score(query, key)
+        _check_projected(projected_key, key, self.hidden_dim)
+        hidden = self.score.W_q(query)[:, :, None, :] + projected_key[:, None, :, :]  # (B, L, 1, A) + (B, 1, S, A)
+        return self.score.v(torch.tanh(hidden))[..., 0]  # (B, L, S, A) -> (B, L, S)
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: Optional[torch.Tensor] = None,
-                attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                attn_mask: Optional[torch.Tensor] = None, projected_key: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Context and weights for a (B, Dq) or (B, L, Dq) query over (B, S, Dk) keys.
+
+        Args:
+            query: (B, Dq) or (B, L, Dq) decoder state(s); key: (B, S, Dk); value: (B, S, Dv), default ``key``.
+            attn_mask: (B, S) bool padding mask, True at real positions.
+            projected_key: optional (B, S, hidden_dim) result of :meth:`project_key` for this ``key``.
 
         Returns:
             ``(context, weights)``: (B, Dv) and (B, S) for a (B, Dq) query; (B, L, Dv) and (B, L, S) otherwise.
             Padded positions (``attn_mask`` False) get weight exactly 0.
         """
         q, value, single = _check_inputs(query, key, value, attn_mask, self.query_dim, self.key_dim)
-        scores = self.score(q, key)  # (B, L, Dq), (B, S, Dk) -> (B, L, S)
+        scores = self.scores(q, key, projected_key)  # (B, L, Dq), (B, S, Dk) -> (B, L, S)
         mask = None if attn_mask is None else attn_mask[:, None, :]  # (B, S) -> (B, 1, S)
         return _finish(masked_softmax(scores, mask), value, single)
 
@@ -217,11 +248,33 @@ class LuongAttention(nn.Module):
         return f"query_dim={self.query_dim}, key_dim={self.key_dim}, score={self.score_name!r}, " \
                f"mode={self.mode!r}{window}"
 
-    def scores(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        """Raw scores: (B, L, Dq), (B, S, Dk) -> (B, L, S)."""
-        if self.score_name == "dot":
-            return dot_score(query, key)
-        return self.score(query, key)
+    def project_key(self, key: torch.Tensor) -> torch.Tensor:
+        """The part of the score that depends on the source only, computed once per sentence.
+
+        ``"dot"``: ``h_s`` itself (B, S, Dk); ``"general"``: ``W_a h_s`` (B, S, Dq); ``"concat"``: the key half
+        of ``W_a [h_t; h_s]``, (B, S, hidden_dim).
+        """
+        if self.score_name == "general":
+            return self.score.W(key)  # (B, S, Dk) -> (B, S, Dq)
+        if self.score_name == "concat":
+            W_k = self.score.W_c.weight[:, self.query_dim:]  # (H, Dk)
+            return key @ W_k.T  # (B, S, Dk) @ (Dk, H) -> (B, S, H)
+        return key
+
+    def _projected_features(self) -> int:
+        return {"dot": self.key_dim, "general": self.query_dim, "concat": self.hidden_dim}[self.score_name]
+
+    def scores(self, query: torch.Tensor, key: torch.Tensor, projected_key: Optional[torch.Tensor] = None
+               ) -> torch.Tensor:
+        """Raw scores: (B, L, Dq), (B, S, Dk) -> (B, L, S); ``projected_key`` from :meth:`project_key` saves work."""
+        if projected_key is None:
+            return dot_score(query, key) if self.score_name == "dot" else self.score(query, key)
+        _check_projected(projected_key, key, self._projected_features())
+        if self.score_name == "concat":
+            W_q = self.score.W_c.weight[:, : self.query_dim]  # (H, Dq)
+            hidden = (query @ W_q.T)[:, :, None, :] + projected_key[:, None, :, :]  # (B, L, 1, H) + (B, 1, S, H)
+            return self.score.v(torch.tanh(hidden))[..., 0]  # (B, L, S, H) -> (B, L, S)
+        return query @ projected_key.transpose(1, 2)  # (B, L, Dq) @ (B, Dq, S) -> (B, L, S)
 
     def position(self, query: torch.Tensor, valid_lens: torch.Tensor, step: int = 0) -> torch.Tensor:
         """Aligned positions p_t, (B, L) float: ``t`` clipped (local-m) or predicted (local-p).
@@ -240,8 +293,8 @@ class LuongAttention(nn.Module):
         return torch.minimum(t[None, :], last)  # (1, L) vs (B, 1) -> (B, L)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: Optional[torch.Tensor] = None,
-                attn_mask: Optional[torch.Tensor] = None, step: Union[int, None] = 0
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+                attn_mask: Optional[torch.Tensor] = None, step: Union[int, None] = 0,
+                projected_key: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Context and weights for a (B, Dq) or (B, L, Dq) query over (B, S, Dk) keys.
 
         Args:
@@ -250,12 +303,13 @@ class LuongAttention(nn.Module):
             value: defaults to ``key``.
             attn_mask: (B, S) bool padding mask, True at real positions (default: every position is real).
             step: target index of the (first) query, which local-m uses as p_t.
+            projected_key: optional result of :meth:`project_key` for this ``key``.
 
         Returns:
             ``(context, weights)``: (B, Dv) and (B, S) for a (B, Dq) query; (B, L, Dv) and (B, L, S) otherwise.
         """
         q, value, single = _check_inputs(query, key, value, attn_mask, self.query_dim, self.key_dim)
-        scores = self.scores(q, key)  # (B, L, Dq), (B, S, Dk) -> (B, L, S)
+        scores = self.scores(q, key, projected_key)  # (B, L, Dq), (B, S, Dk) -> (B, L, S)
         if self.mode == "global":
             mask = None if attn_mask is None else attn_mask[:, None, :]  # (B, S) -> (B, 1, S)
             return _finish(masked_softmax(scores, mask), value, single)

@@ -23,7 +23,7 @@ The decoders differ in what each step reads:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -42,6 +42,7 @@ __all__ = [
     "LuongDecoder",
     "PlainDecoder",
     "Seq2Seq",
+    "attention_scores",
     "build_model",
     "count_parameters",
     "greedy_decode",
@@ -149,16 +150,20 @@ class BahdanauDecoder(_GRUDecoder):
         self.attention = AdditiveAttention(hidden_dim, enc_dim, attn_dim or hidden_dim)
         self.out = nn.Linear(hidden_dim + enc_dim + embed_dim, vocab_size)
 
-    def init_state(self, enc: EncoderOutput) -> torch.Tensor:
+    def init_state(self, enc: EncoderOutput) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(s_0, W_k h)``: the first state and the keys' projection, computed once per sentence."""
         self._check_enc(enc)
-        return torch.tanh(self.bridge(enc.final))  # (B, Dk) -> (B, H)
+        s0 = torch.tanh(self.bridge(enc.final))  # (B, Dk) -> (B, H)
+        return s0, self.attention.project_key(enc.outputs)  # (B, S, Dk) -> (B, S, A)
 
-    def step(self, y_prev: torch.Tensor, state: torch.Tensor, enc: EncoderOutput, t: int
-             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def step(self, y_prev: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor], enc: EncoderOutput, t: int
+             ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        s_prev, keys = state
         emb = self.embedding(y_prev)  # (B,) -> (B, E)
-        context, weights = self.attention(state, enc.outputs, attn_mask=enc.mask)  # s_{t-1}: (B, Dk), (B, S)
-        s = self.cell(torch.cat([emb, context], -1), state)  # (B, E + Dk) -> (B, H)
-        return self.out(torch.cat([s, context, emb], -1)), s, weights  # -> (B, V)
+        context, weights = self.attention(s_prev, enc.outputs, attn_mask=enc.mask,
+                                          projected_key=keys)  # query s_{t-1}: (B, Dk), (B, S)
+        s = self.cell(torch.cat([emb, context], -1), s_prev)  # (B, E + Dk) -> (B, H)
+        return self.out(torch.cat([s, context, emb], -1)), (s, keys), weights  # -> (B, V)
 
 
 class LuongDecoder(_GRUDecoder):
@@ -182,21 +187,23 @@ class LuongDecoder(_GRUDecoder):
         self.combine = nn.Linear(enc_dim + hidden_dim, hidden_dim, bias=False)  # W_c
         self.out = nn.Linear(hidden_dim, vocab_size)  # W_s
 
-    def init_state(self, enc: EncoderOutput) -> Tuple[torch.Tensor, torch.Tensor]:
+    def init_state(self, enc: EncoderOutput) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(h_0, h~_0 = 0, projected keys)``; the keys' projection is computed once per sentence."""
         self._check_enc(enc)
         h = torch.tanh(self.bridge(enc.final))  # (B, Dk) -> (B, H)
-        return h, torch.zeros_like(h)  # (h_0, h~_0)
+        return h, torch.zeros_like(h), self.attention.project_key(enc.outputs)
 
-    def step(self, y_prev: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor], enc: EncoderOutput, t: int
-             ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-        h_prev, h_tilde_prev = state
+    def step(self, y_prev: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], enc: EncoderOutput,
+             t: int) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        h_prev, h_tilde_prev, keys = state
         x = self.embedding(y_prev)  # (B,) -> (B, E)
         if self.input_feeding:
             x = torch.cat([x, h_tilde_prev], -1)  # (B, E + H)
         h = self.cell(x, h_prev)  # (B, H)
-        context, weights = self.attention(h, enc.outputs, attn_mask=enc.mask, step=t)  # h_t: (B, Dk), (B, S)
+        context, weights = self.attention(h, enc.outputs, attn_mask=enc.mask, step=t,
+                                          projected_key=keys)  # query h_t: (B, Dk), (B, S)
         h_tilde = torch.tanh(self.combine(torch.cat([context, h], -1)))  # (B, Dk + H) -> (B, H)
-        return self.out(h_tilde), (h, h_tilde), weights  # -> (B, V)
+        return self.out(h_tilde), (h, h_tilde, keys), weights  # -> (B, V)
 
 
 class Seq2Seq(nn.Module):
@@ -303,6 +310,32 @@ def greedy_decode(model: Seq2Seq, src: torch.Tensor, src_valid_lens: torch.Tenso
                                                                                    dtype=torch.long))
     stacked = torch.stack(weights, 1) if model.has_attention else None  # T x (B, S) -> (B, T, S)
     return DecodeResult(out, lengths.long(), stacked)
+
+
+@torch.no_grad()
+def attention_scores(model: Seq2Seq, src: torch.Tensor, src_valid_lens: torch.Tensor, tgt_in: torch.Tensor,
+                     return_queries: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Raw alignment scores ``e_tj`` (before any softmax or window) under teacher forcing: (B, T, S).
+
+    The query of step t is what each decoder really asks with: the previous state ``s_{t-1}`` for
+    :class:`BahdanauDecoder`, the current ``h_t`` for :class:`LuongDecoder`. Padding positions get scores too
+    (the masks are applied later); ignore them. With ``return_queries`` also return the queries, (B, T, Dq).
+    """
+    if not model.has_attention or not isinstance(model.decoder, (BahdanauDecoder, LuongDecoder)):
+        raise ValueError(f"model must have a Bahdanau or Luong decoder, got {type(model.decoder).__name__}")
+    enc = model.encode(src, src_valid_lens)
+    dec = model.decoder
+    state = dec.init_state(enc)
+    out, queries = [], []
+    for t in range(tgt_in.shape[1]):
+        query = state[0]  # s_{t-1} (Bahdanau), overwritten by h_t below for Luong
+        _, state, _ = dec.step(tgt_in[:, t], state, enc, t)
+        if isinstance(dec, LuongDecoder):
+            query = state[0]  # h_t
+        out.append(dec.attention.scores(query[:, None], enc.outputs, state[-1])[:, 0])  # (B, S)
+        queries.append(query)
+    scores = torch.stack(out, 1)  # T x (B, S) -> (B, T, S)
+    return (scores, torch.stack(queries, 1)) if return_queries else scores  # T x (B, Dq) -> (B, T, Dq)
 
 
 MODEL_KINDS = ("plain", "bahdanau", "luong")

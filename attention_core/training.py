@@ -1,46 +1,64 @@
 """Training the RNN encoder-decoders, and the checkpoints the chapters load instead of training live.
 
-- :func:`train_seq2seq`: teacher forcing, cross-entropy over real target tokens, Adam, gradient-norm
-  clipping, a tqdm bar (:func:`attention_core.notebook.progress`, off when ``AC_PROGRESS=0``).
+- :func:`train_seq2seq`: teacher forcing, cross-entropy over real target tokens, Adam (optionally with a
+  cosine learning-rate decay), gradient-norm clipping, a tqdm bar (:func:`attention_core.notebook.progress`,
+  off when ``AC_PROGRESS=0``).
 - :func:`save_checkpoint` / :func:`load_checkpoint`: one file per model holding its config and weights; the
   file's sha256 is returned on save and verified on load, so a truncated or altered file is refused.
-- :data:`RECIPES` and :func:`load_or_train`: how every model of chapters 3 and 4 is trained. The chapters
-  load the checkpoint that ``scripts/train_checkpoints.py`` made with these same recipes (its sha256,
-  training time and loss curve are in ``manifest.json`` beside it) and retrain when it is missing or asked to.
+- :data:`RECIPES` and :func:`load_or_train`: how every model of chapters 3 and 4 is trained, under stable
+  names (``"plain"``, ``"bahdanau"``, ``"luong_dot"``, ``"luong_general"``, ``"luong_concat"``,
+  ``"luong_local_m"``, ``"luong_local_p"``). The chapters load the checkpoints in :data:`CHECKPOINT_DIR` that
+  ``python -m attention_core.training --all`` made with these same recipes (sha256, parameter count,
+  training time and loss curve are in ``manifest.json`` beside them) and retrain when a file is missing or
+  when asked to.
+- :func:`evaluate_by_bucket`, :func:`book_test_set`, :data:`BUCKET_EDGES` (from
+  :mod:`attention_core.metrics`): the length experiment's test set and scores, shared with chapter 8.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
+from attention_core.metrics import BUCKET_EDGES, book_test_set, evaluate_by_bucket
 from attention_core.notebook import progress
 from attention_core.seq2seq import Seq2Seq, build_model, count_parameters
 from attention_core.seq2seq_data import PAD_ID, Batch, NumberWords
 
 __all__ = [
+    "BUCKET_EDGES",
+    "CHECKPOINT_DIR",
     "MANIFEST",
     "RECIPES",
     "Recipe",
     "TrainLog",
+    "book_test_set",
+    "evaluate_by_bucket",
     "file_sha256",
     "load_checkpoint",
     "load_or_train",
+    "main",
+    "manifest_entry",
+    "read_manifest",
     "save_checkpoint",
     "sequence_loss",
+    "train_and_save",
     "train_recipe",
     "train_seq2seq",
 ]
 
 PathLike = Union[str, Path]
 MANIFEST = "manifest.json"
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
 def sequence_loss(logits: torch.Tensor, tgt_out: torch.Tensor, pad_id: int = PAD_ID) -> torch.Tensor:
@@ -60,8 +78,8 @@ class TrainLog:
 
 
 def train_seq2seq(model: Seq2Seq, batches: Iterator[Batch], steps: int, lr: float = 3e-3, clip: float = 1.0,
-                  device: Optional[torch.device] = None, desc: str = "training", show_progress: bool = True
-                  ) -> TrainLog:
+                  device: Optional[torch.device] = None, desc: str = "training", show_progress: bool = True,
+                  min_lr_ratio: Optional[float] = None) -> TrainLog:
     """Train ``model`` in place for ``steps`` batches with teacher forcing.
 
     Args:
@@ -73,6 +91,8 @@ def train_seq2seq(model: Seq2Seq, batches: Iterator[Batch], steps: int, lr: floa
         device: where to train (default: where the model is).
         desc: label of the progress bar.
         show_progress: show a tqdm bar (still off when ``AC_PROGRESS=0``).
+        min_lr_ratio: when given, the learning rate follows a cosine from ``lr`` down to
+            ``min_lr_ratio * lr`` at the last step; otherwise it stays at ``lr``.
 
     Returns:
         A :class:`TrainLog`. Runs repeat exactly for the same model init and batches on one CPU thread.
@@ -83,13 +103,19 @@ def train_seq2seq(model: Seq2Seq, batches: Iterator[Batch], steps: int, lr: floa
         raise ValueError(f"lr must be > 0, got {lr!r}")
     if not clip > 0:
         raise ValueError(f"clip must be > 0, got {clip!r}")
+    if min_lr_ratio is not None and not 0 <= min_lr_ratio <= 1:
+        raise ValueError(f"min_lr_ratio must be in [0, 1] or None, got {min_lr_ratio!r}")
     device = device or next(model.parameters()).device
     model.to(device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     log = TrainLog()
     start = time.perf_counter()
     bar = progress(range(steps), desc=desc, **({} if show_progress else {"disable": True}))
-    for _ in bar:
+    for i in bar:
+        if min_lr_ratio is not None:
+            frac = 0.5 * (1 + math.cos(math.pi * i / max(steps - 1, 1)))  # 1 -> 0
+            for group in optimizer.param_groups:
+                group["lr"] = lr * (min_lr_ratio + (1 - min_lr_ratio) * frac)
         batch = next(batches).to(device)
         logits, _ = model(batch.src, batch.src_valid_lens, batch.tgt_in)
         loss = sequence_loss(logits, batch.tgt_out)
@@ -156,24 +182,27 @@ class Recipe:
     """How one of the book's models is built and trained (all share the task and the sizes).
 
     ``kind``, ``score``, ``mode``, ``window`` select the model (see :func:`attention_core.seq2seq.build_model`);
-    the rest is the training budget. Training batches come from ``NumberWords().stream(batch_size, data_seed)``.
+    the rest is the training budget. Training batches come from ``NumberWords().stream(batch_size, data_seed)``;
+    the learning rate follows a cosine from ``lr`` to ``min_lr_ratio * lr``.
     """
 
     name: str
     kind: str
     score: str = "general"
     mode: str = "global"
-    window: int = 2
+    window: int = 3
     embed_dim: int = 32
-    hidden_dim: int = 64
-    steps: int = 3000
+    hidden_dim: int = 32
+    steps: int = 600
     batch_size: int = 64
-    lr: float = 3e-3
+    lr: float = 5e-3
+    min_lr_ratio: float = 0.05
     clip: float = 1.0
     seed: int = 0
     data_seed: int = 1
 
     def config(self, task: NumberWords) -> Dict[str, Any]:
+        """The model's config dict (what :func:`~attention_core.seq2seq.build_model` reads) for ``task``."""
         cfg: Dict[str, Any] = {"kind": self.kind, "src_vocab_size": len(task.src_vocab),
                                "tgt_vocab_size": len(task.tgt_vocab), "embed_dim": self.embed_dim,
                                "hidden_dim": self.hidden_dim, "seed": self.seed}
@@ -182,14 +211,15 @@ class Recipe:
         return cfg
 
 
+#: The book's models, by their stable checkpoint names (``attention_core/checkpoints/<name>.pt``).
 RECIPES: Dict[str, Recipe] = {r.name: r for r in (
     Recipe("plain", "plain"),
     Recipe("bahdanau", "bahdanau"),
-    Recipe("luong-dot", "luong", score="dot"),
-    Recipe("luong-general", "luong", score="general"),
-    Recipe("luong-concat", "luong", score="concat"),
-    Recipe("luong-local-m", "luong", score="general", mode="local-m", window=3),
-    Recipe("luong-local-p", "luong", score="general", mode="local-p", window=3),
+    Recipe("luong_dot", "luong", score="dot"),
+    Recipe("luong_general", "luong", score="general"),
+    Recipe("luong_concat", "luong", score="concat"),
+    Recipe("luong_local_m", "luong", score="general", mode="local-m"),
+    Recipe("luong_local_p", "luong", score="general", mode="local-p"),
 )}
 
 
@@ -202,11 +232,13 @@ def train_recipe(name: str, device: Optional[torch.device] = None, show_progress
     task = NumberWords()
     model = build_model(recipe.config(task))
     log = train_seq2seq(model, task.stream(recipe.batch_size, recipe.data_seed), recipe.steps, lr=recipe.lr,
-                        clip=recipe.clip, device=device, desc=name, show_progress=show_progress)
+                        clip=recipe.clip, device=device, desc=name, show_progress=show_progress,
+                        min_lr_ratio=recipe.min_lr_ratio)
     return model, log
 
 
-def manifest_entry(name: str, model: Seq2Seq, log: TrainLog, sha256: str, every: int = 25) -> Dict[str, Any]:
+def manifest_entry(name: str, model: Seq2Seq, log: TrainLog, sha256: Optional[str], every: int = 25
+                   ) -> Dict[str, Any]:
     """The manifest record of a trained model: file, checksum, size, time, loss curve and recipe."""
     return {
         "file": f"{name}.pt",
@@ -220,28 +252,78 @@ def manifest_entry(name: str, model: Seq2Seq, log: TrainLog, sha256: str, every:
     }
 
 
-def read_manifest(directory: PathLike) -> Dict[str, Any]:
+def read_manifest(directory: PathLike = CHECKPOINT_DIR) -> Dict[str, Any]:
     """The ``manifest.json`` of a checkpoint folder, or ``{}`` when there is none."""
     path = Path(directory) / MANIFEST
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def load_or_train(name: str, directory: PathLike = "checkpoints", retrain: bool = False,
+def load_or_train(name: str, directory: PathLike = CHECKPOINT_DIR, retrain: bool = False,
                   device: Optional[torch.device] = None) -> Tuple[Seq2Seq, Dict[str, Any]]:
     """The book's model ``name``: loaded from ``directory`` (checksum verified) or trained here.
 
     Trains from the recipe when ``retrain`` is true, or when the folder has no manifest entry or file for it
     (e.g. a notebook opened alone in Colab). The trained model is not written to disk.
 
+    Args:
+        name: a key of :data:`RECIPES`, e.g. ``"bahdanau"`` or ``"luong_general"``.
+        directory: the checkpoint folder (default: the one shipped in the package).
+        retrain: train from scratch even when a checkpoint exists.
+        device: where to put (and train) the model.
+
     Returns:
         ``(model, entry)``: the model in eval mode and its manifest entry (for a fresh run, one describing it,
         with ``"sha256": None``).
     """
+    if name not in RECIPES:
+        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
     entry = read_manifest(directory).get(name)
     if not retrain and entry is not None and (Path(directory) / entry["file"]).is_file():
         if entry["recipe"] != asdict(RECIPES[name]):
             raise ValueError(f"checkpoint {name!r} was trained with a recipe that differs from RECIPES[{name!r}]; "
-                             f"retrain it with scripts/train_checkpoints.py")
+                             f"retrain it with `python -m attention_core.training {name}`")
         return load_checkpoint(Path(directory) / entry["file"], entry["sha256"], device), entry
     model, log = train_recipe(name, device)
     return model, manifest_entry(name, model, log, sha256=None)
+
+
+def train_and_save(names: Sequence[str], directory: PathLike = CHECKPOINT_DIR, show_progress: bool = True) -> None:
+    """Train each recipe in ``names``, save ``<name>.pt`` in ``directory`` and record it in the manifest.
+
+    The manifest is re-read and updated under a file lock after each model, so several processes may train
+    different recipes into one folder at the same time.
+    """
+    import fcntl
+
+    torch.set_num_threads(1)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        model, log = train_recipe(name, show_progress=show_progress)
+        sha = save_checkpoint(model.cpu(), directory / f"{name}.pt")
+        with open(directory / ".manifest.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            manifest = read_manifest(directory)
+            manifest[name] = manifest_entry(name, model, log, sha)
+            text = json.dumps(dict(sorted(manifest.items())), indent=1) + "\n"
+            (directory / MANIFEST).write_text(text)
+        print(f"{name}: {count_parameters(model)} parameters, {log.seconds:.0f} s, final loss "
+              f"{sum(log.losses[-50:]) / len(log.losses[-50:]):.4f}, sha256 {sha[:12]}...", flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m attention_core.training NAME [NAME ...]`` (or ``--all``): train and save checkpoints."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("names", nargs="*", help=f"recipes to train, from {sorted(RECIPES)}")
+    parser.add_argument("--all", action="store_true", help="train every recipe")
+    parser.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder")
+    args = parser.parse_args(argv)
+    names = sorted(RECIPES) if args.all else args.names
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown or not names:
+        parser.error(f"give recipe names from {sorted(RECIPES)} or --all (got {names})")
+    train_and_save(names, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -140,3 +140,17 @@ def test_bad_inputs_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="max_len must be an int >= 1, got 0"):
         greedy_decode(model, b.src, b.src_valid_lens, max_len=0)
     assert isinstance(PlainDecoder(5, 4, 6, 6), torch.nn.Module)
+
+
+@pytest.mark.parametrize("name", ["bahdanau", "luong-dot", "luong-concat"])
+def test_attention_scores_are_the_logits_of_the_weights(name: str) -> None:
+    from attention_core.functional import masked_softmax
+    from attention_core.seq2seq import attention_scores
+
+    model, b = tiny(name), batch(4)
+    _, weights = model(b.src, b.src_valid_lens, b.tgt_in)
+    scores = attention_scores(model, b.src, b.src_valid_lens, b.tgt_in)
+    real = torch.arange(b.src.shape[1]) < b.src_valid_lens[:, None]  # (B, S)
+    torch.testing.assert_close(masked_softmax(scores, real[:, None, :]), weights)
+    with pytest.raises(ValueError, match="model must have a Bahdanau or Luong decoder, got PlainDecoder"):
+        attention_scores(tiny("plain"), b.src, b.src_valid_lens, b.tgt_in)

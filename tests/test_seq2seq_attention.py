@@ -163,3 +163,19 @@ def test_bad_arguments_raise_clear_errors() -> None:
         layer(query, key, attn_mask=mask[:, :5])
     with pytest.raises(TypeError, match="query must be a torch.Tensor"):
         layer([1.0], key)
+
+
+@pytest.mark.parametrize("layer", list(_layers()), ids=repr)
+def test_projected_keys_give_the_same_result(layer) -> None:
+    query, key, mask = _inputs(L=3)
+    expected = layer(query, key, attn_mask=mask)
+    got = layer(query, key, attn_mask=mask, projected_key=layer.project_key(key))
+    for a, b in zip(expected, got):
+        torch.testing.assert_close(a, b)
+
+
+def test_bad_projected_key_is_refused() -> None:
+    layer = LuongAttention(DQ, DK, "concat", hidden_dim=5)
+    query, key, mask = _inputs()
+    with pytest.raises(ValueError, match=r"projected_key must be \(B, S, 5\) = \(3, 7, 5\), got shape \(3, 7, 6\)"):
+        layer(query, key, attn_mask=mask, projected_key=key)

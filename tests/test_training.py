@@ -12,12 +12,18 @@ from attention_core import training
 from attention_core.seq2seq import build_model
 from attention_core.seq2seq_data import NumberWords
 from attention_core.training import (
+    CHECKPOINT_DIR,
     RECIPES,
+    Recipe,
+    book_test_set,
+    evaluate_by_bucket,
     file_sha256,
     load_checkpoint,
     load_or_train,
+    read_manifest,
     save_checkpoint,
     sequence_loss,
+    train_and_save,
     train_seq2seq,
 )
 
@@ -89,7 +95,7 @@ def test_load_or_train_uses_the_manifest(tmp_path, monkeypatch) -> None:
 
     calls = []
 
-    def fake_train(name, device=None, show_progress=True):
+    def fake_train(name, device=None, show_progress=True):  # noqa: ARG001
         calls.append(name)
         return tiny(), training.TrainLog(losses=[1.0, 0.5], seconds=0.1)
 
@@ -102,3 +108,49 @@ def test_load_or_train_uses_the_manifest(tmp_path, monkeypatch) -> None:
 def test_unknown_recipe() -> None:
     with pytest.raises(ValueError, match=r"name must be one of .*got 'gpt'"):
         training.train_recipe("gpt")
+
+
+def test_cosine_schedule_is_validated_and_trains() -> None:
+    with pytest.raises(ValueError, match="min_lr_ratio must be in \\[0, 1\\] or None, got 2"):
+        train_seq2seq(tiny(), TASK.stream(4, 0), steps=1, min_lr_ratio=2)
+    log = train_seq2seq(tiny(), TASK.stream(16, 0), steps=3, min_lr_ratio=0.1, show_progress=False)
+    assert len(log.losses) == 3
+
+
+def test_evaluate_by_bucket_adds_up() -> None:
+    pairs = NumberWords().sample(40, seed=5)
+    res = evaluate_by_bucket(tiny(), pairs, edges=(1, 6, 28), batch_size=16)
+    assert res["edges"] == [1, 6, 28] and res["count"] == 40
+    assert [b["label"] for b in res["buckets"]] == ["1-5", "6-27"]
+    assert sum(b["count"] for b in res["buckets"]) == 40
+    weighted = sum(b["count"] * b["token_accuracy"] for b in res["buckets"]) / 40
+    assert abs(weighted - res["token_accuracy"]) < 1e-9
+    assert len(book_test_set(10)) == 10 and book_test_set(10) == book_test_set(10)
+
+
+def test_train_and_save_then_load(tmp_path, monkeypatch) -> None:
+    small = Recipe("bahdanau", "bahdanau", embed_dim=4, hidden_dim=4, steps=2, batch_size=4)
+    monkeypatch.setitem(RECIPES, "bahdanau", small)
+    train_and_save(["bahdanau"], tmp_path, show_progress=False)
+    entry = read_manifest(tmp_path)["bahdanau"]
+    assert entry["sha256"] == file_sha256(tmp_path / "bahdanau.pt") and entry["recipe"] == asdict(small)
+    model, got = load_or_train("bahdanau", tmp_path)
+    assert got == entry and model.config["hidden_dim"] == 4
+    monkeypatch.setitem(RECIPES, "bahdanau", Recipe("bahdanau", "bahdanau", steps=3))
+    with pytest.raises(ValueError, match="trained with a recipe that differs"):
+        load_or_train("bahdanau", tmp_path)
+    with pytest.raises(SystemExit):
+        training.main(["nonsense"])
+
+
+def test_shipped_checkpoints_load_and_translate() -> None:
+    manifest = read_manifest(CHECKPOINT_DIR)
+    assert sorted(manifest) == sorted(RECIPES)
+    pairs = book_test_set(100)
+    for name, entry in manifest.items():
+        path = CHECKPOINT_DIR / entry["file"]
+        assert path.stat().st_size < 2_000_000, name
+        model, got = load_or_train(name)  # verifies the sha256
+        assert got["sha256"] == file_sha256(path) and got["recipe"] == asdict(RECIPES[name])
+        if name == "bahdanau":
+            assert evaluate_by_bucket(model, pairs)["exact_match"] > 0.8

@@ -1,0 +1,58 @@
+"""The RNN chapters' figures and the local-window explorer."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from attention_core.rnn_viz import (  # noqa: E402
+    WindowExplorer,
+    plot_alignment,
+    plot_by_bucket,
+    plot_loss_curves,
+    window_weights,
+)
+
+WORDS = "three hundred and forty - two".split()
+
+
+def test_window_weights_vanish_outside_the_window_and_padding() -> None:
+    scores = torch.linspace(-1, 1, 6)
+    w = window_weights(scores, center=2.0, window=1)
+    assert torch.all(w[[0, 4, 5]] == 0) and torch.all(w[1:4] > 0)
+    assert w.sum() < 1  # the Gaussian shrinks the softmax weights
+    m = window_weights(scores, center=2.0, window=1, gaussian=False)
+    torch.testing.assert_close(m.sum(), torch.tensor(1.0))
+    assert torch.all(window_weights(scores, 4.0, 3, valid_len=4)[4:] == 0)
+    with pytest.raises(ValueError, match=r"scores must be \(S,\) for one query, got shape \(1, 6\)"):
+        window_weights(scores[None], 2.0, 1)
+
+
+def test_window_explorer_follows_its_sliders() -> None:
+    scores = torch.tensor([0.0, 0.5, 0.2, 3.0, 0.1, 2.0])
+    ex = WindowExplorer(scores, WORDS, window=1, center=3.0)
+    assert ex.summary.value.startswith("D = 1, p_t = 3.0:") and "'forty'" in ex.summary.value
+    assert len(ex.image.value) > 1000
+    ex.center.value = 5.0
+    assert ex.summary.value.startswith("D = 1, p_t = 5.0:") and "'two'" in ex.summary.value
+    html = ex.static_html(centers=[0.0, 5.0], windows=(0, 2))
+    assert html.count("data:image/png;base64,") >= 4
+    with pytest.raises(ValueError, match=r"scores must be \(S,\) with S = 6 source words, got shape \(5,\)"):
+        WindowExplorer(scores[:5], WORDS)
+
+
+def test_plots_draw_what_they_are_given() -> None:
+    ax = plot_alignment(torch.rand(4, 8), WORDS, list("342") + ["<eos>"], title="t")
+    assert ax.images[0].get_array().shape == (4, 6)
+    res = {"a": {"buckets": [{"label": "1-5", "exact_match": 1.0, "token_accuracy": 1.0},
+                             {"label": "6-10", "exact_match": 0.5, "token_accuracy": 0.7}]}}
+    ax = plot_by_bucket(res, "token_accuracy")
+    assert list(ax.lines[0].get_ydata()) == [1.0, 0.7]
+    with pytest.raises(ValueError, match="metric must be 'exact_match' or 'token_accuracy', got 'bleu'"):
+        plot_by_bucket(res, "bleu")
+    ax = plot_loss_curves({"a": {"loss_every": 25, "losses": [2.0, 1.0, 0.5]}})
+    assert list(ax.lines[0].get_xdata()) == [25, 50, 75]
