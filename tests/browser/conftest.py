@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import threading
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SITE = ROOT / "_build" / "html"
+# The built site; $AC_SITE_DIR points elsewhere (`--path-output /tmp/x` builds into /tmp/x/_build/html).
+SITE = Path(os.environ.get("AC_SITE_DIR", ROOT / "_build" / "html"))
+SHOTS = SITE.parent / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
                  "--no-first-run", "--disable-component-update", "--disable-sync"]

@@ -1,21 +1,28 @@
 """Every page of the built site, opened in a real browser (Debian Chromium driven by Playwright).
 
-For each page in _toc.yml: no failed request and no 4xx/5xx; every image decoded; math typeset where
-the page has math; widgets rendered where a notebook embedded them; on notebook pages a Colab link that
-points at that notebook; static sliders that change the figure; quizzes and answer boxes that give
-feedback on a click; no JavaScript error except the ones listed in ALLOWED_JS_ERRORS with a reason.
-A screenshot of every page goes to _build/screenshots/ (plus the first chapter at phone width).
+For each page in _toc.yml: no failed request, no 4xx/5xx and no request leaving 127.0.0.1; every image
+decoded; math typeset by the site's own MathJax where the page has math, labelled equations numbered;
+widgets rendered where a notebook embedded a widget view; on notebook pages a Colab link that points at
+that notebook; copy buttons on code; static sliders that change the figure; quizzes and answer boxes
+that give feedback on a click; solution dropdowns that open; no JavaScript error except the ones listed
+in ALLOWED_JS_ERRORS with a reason. A screenshot of every page goes to _build/screenshots/ (plus the
+first chapter at a phone's width, where the page must not scroll sideways).
+
+The site folder is _build/html, or $AC_SITE_DIR when set (e.g. a build made with --path-output).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "_build" / "screenshots"
+SITE = Path(os.environ.get("AC_SITE_DIR", ROOT / "_build" / "html"))  # the same folder conftest serves
+SHOTS = SITE.parent / "screenshots"
 
 # Console errors that are not ours to fix, each with the reason it is harmless. Keep this list short.
 ALLOWED_JS_ERRORS: dict[str, str] = {}
@@ -32,25 +39,48 @@ def _toc_files(node) -> list[str]:
     return out
 
 
-PAGES = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text()))
-REPO_URL = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
+PAGES = [p.removesuffix(".md").removesuffix(".ipynb") for p in _toc_files(TOC)]
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+REPO = CONFIG["repository"]["url"].rstrip("/").split("github.com/")[-1]
+BRANCH = CONFIG["repository"].get("branch", "main")
+BOOK_PATH = (CONFIG["repository"].get("path_to_book") or "").strip("/")
 
 
 def _is_notebook(page: str) -> bool:
     return (ROOT / f"{page}.ipynb").exists()
 
 
+def _colab_url(page: str) -> str:
+    path = f"{BOOK_PATH}/{page}.ipynb" if BOOK_PATH else f"{page}.ipynb"
+    return f"https://colab.research.google.com/github/{REPO}/blob/{BRANCH}/{path}"
+
+
 def _open(browser, site_url: str, page_path: str, width: int = 1280):
     context = browser.new_context(viewport={"width": width, "height": 900})
-    page = context.new_page()
     problems: list[str] = []
     js_errors: list[str] = []
-    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} ({r.failure})"))
+
+    def offline(route):  # the site must render with no network: anything not served here is a failure
+        if route.request.url.startswith(site_url):
+            route.continue_()
+        else:
+            problems.append(f"request leaving the site: {route.request.url[:120]}")
+            route.abort()
+
+    context.route(re.compile(r"^(?!data:).*"), offline)
+    page = context.new_page()
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url[:120]} ({r.failure})"))
     page.on("response", lambda r: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
     page.on("pageerror", lambda e: js_errors.append(f"page error: {e}"))
     page.on("console", lambda m: m.type == "error" and js_errors.append(f"console error: {m.text}"))
-    page.goto(f"{site_url}/{page_path}", wait_until="load")
-    page.wait_for_load_state("networkidle")
+    response = page.goto(f"{site_url}/{page_path}", wait_until="load")
+    if response is None or response.status != 200:
+        context.close()
+        status = response.status if response else None
+        pytest.fail(f"{page_path} was not served (HTTP {status}): was the site built from this _toc.yml?")
+    # MathJax 3 typesets after load; its startup promise resolves once the page is done.
+    page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise.then(() => true) : true")
     return context, page, problems, js_errors
 
 
@@ -58,51 +88,137 @@ def _not_allowed(errors: list[str]) -> list[str]:
     return [e for e in errors if not any(pattern in e for pattern in ALLOWED_JS_ERRORS)]
 
 
+def _check_math(page) -> None:
+    n_math = page.locator(".math").count()
+    if n_math:
+        page.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=20000)
+        typeset = page.locator("mjx-container").count()
+        assert typeset >= n_math, f"only {typeset} of {n_math} math elements were typeset"
+        assert page.locator("mjx-merror").count() == 0, "MathJax reported a TeX error"
+    labelled = page.locator("div.math[id^='equation-']")
+    unnumbered = [labelled.nth(i).get_attribute("id") for i in range(labelled.count())
+                  if labelled.nth(i).locator(".eqno").count() == 0]
+    assert not unnumbered, f"labelled equations without a number: {unnumbered}"
+
+
+def _check_images(page) -> None:
+    broken = page.evaluate(
+        "Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(0, 80))"
+    )
+    assert not broken, f"images that did not load: {broken}"
+    # Alt text: a notebook figure needs `mystnb: image: alt:` cell metadata (myst-nb's default alt is the file path).
+    no_alt = page.evaluate(
+        "Array.from(document.images).filter(i => !i.alt.trim() || i.alt.includes('_images/'))"
+        ".map(i => i.src.slice(-24))"
+    )
+    assert not no_alt, f"figures without alt text (their file names): {no_alt}"
+
+
+def _check_widgets(page) -> None:
+    # A notebook output shown as a widget view gets drawn by the site's widget manager from saved state.
+    n_views = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
+    if n_views:
+        page.wait_for_function(
+            "n => document.querySelectorAll('.jupyter-widgets.widget-inline-hbox, .jupyter-widgets.widget-box,"
+            " .jupyter-widgets.widget-html, .jupyter-widgets.widget-slider, .widget-container, .lm-Widget')"
+            ".length >= n", arg=1, timeout=20000)
+        missing = page.evaluate(
+            """() => Array.from(document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]'))
+                 .filter(s => !s.parentElement.querySelector('.jupyter-widgets, .lm-Widget')).length"""
+        )
+        assert missing == 0, f"{missing} of {n_views} embedded widgets were not rendered"
+
+
+def _check_colab(page, page_name: str) -> None:
+    hrefs = page.eval_on_selector_all("a[href*='colab.research.google.com']", "as => as.map(a => a.href)")
+    want = _colab_url(page_name)
+    assert want in hrefs, f"no Colab link to {want}; found {hrefs}"
+
+
+def _check_copy_buttons(page) -> None:
+    n_code = page.locator("div.cell_input div.highlight, div.highlight-python div.highlight").count()
+    if n_code:
+        assert page.locator("button.copybtn").count() >= n_code, "code blocks without a copy button"
+
+
+def _check_sliders(page) -> None:
+    for root in page.locator(".ac-frames").all():
+        shown = root.locator("img.ac-frame:visible")
+        assert shown.count() == 1, "a static slider should show exactly one frame"
+        before, value_before = shown.get_attribute("src"), root.locator("output").inner_text()
+        rng = root.locator("input[type=range]")
+        target = rng.get_attribute("max") if rng.get_attribute("value") != rng.get_attribute("max") else "0"
+        rng.fill(target)
+        after = root.locator("img.ac-frame:visible")
+        assert after.count() == 1 and after.get_attribute("src") != before, "moving a static slider kept the figure"
+        assert root.locator("output").inner_text() != value_before, "the slider's value label did not change"
+        assert after.get_attribute("alt"), "a slider frame has no alt text"
+
+
+def _check_quizzes(page) -> None:
+    for quiz in page.locator(".ac-quiz").all():
+        feedback = quiz.locator(".ac-quiz-feedback")
+        wrong = quiz.locator(".ac-quiz-option[data-correct='0']").first
+        wrong.scroll_into_view_if_needed()
+        wrong.click()
+        assert feedback.inner_text().startswith("Not quite"), "a wrong quiz answer gave no feedback"
+        quiz.locator(".ac-quiz-option[data-correct='1']").click()
+        assert feedback.inner_text().startswith("Correct"), "the right quiz answer was not confirmed"
+
+
+def _check_answer_boxes(page) -> None:
+    for box in page.locator(".ac-answer").all():
+        script = box.evaluate("b => b.nextElementSibling ? b.nextElementSibling.textContent : ''")
+        match = re.search(r"\be = ([-+0-9.eE]+|Infinity);", script)
+        assert match, "an answer box without its expected value"
+        expected = float(match.group(1))
+        box.locator(".ac-answer-input").fill(repr(expected * 3 + 7))
+        box.locator(".ac-answer-check").click()
+        assert "Not yet" in box.locator(".ac-answer-feedback").inner_text(), "a wrong answer was accepted"
+        box.locator(".ac-answer-input").fill(repr(expected))
+        box.locator(".ac-answer-check").click()
+        assert "Correct" in box.locator(".ac-answer-feedback").inner_text(), "the right answer was rejected"
+
+
+def _check_dropdowns(page) -> None:
+    # sphinx-togglebutton: a "dropdown" admonition (the worked solutions) hides its body until clicked.
+    for box in page.locator("div.admonition.dropdown").all():
+        body = box.locator("> :not(.admonition-title)").first
+        assert not body.is_visible(), "a solution is visible before it is asked for"
+        box.locator("button.toggle-button").click()
+        body.wait_for(state="visible", timeout=5000)
+
+
+FULL_PAGE_MAX = 25_000  # px; taller pages (the API reference) get their first 8,000 px, a full shot costs ~30 s
+
+
+def _screenshot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = str(SHOTS / f"{name.replace('/', '_')}.jpg")  # JPEG: about half the time of a PNG for a long page
+    if page.evaluate("document.documentElement.scrollHeight") <= FULL_PAGE_MAX:
+        page.screenshot(path=path, full_page=True, type="jpeg", quality=70, animations="disabled")
+    else:
+        size = page.viewport_size
+        page.set_viewport_size({"width": size["width"], "height": 8000})
+        page.screenshot(path=path, type="jpeg", quality=70, animations="disabled")
+        page.set_viewport_size(size)
+
+
 @pytest.mark.parametrize("page_name", PAGES)
 def test_page(browser, site_url: str, page_name: str) -> None:
     context, page, problems, js_errors = _open(browser, site_url, f"{page_name}.html")
     try:
-        # Math: every math node is typeset by the site's own MathJax.
-        n_math = page.locator(".math").count()
-        if n_math:
-            page.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=20000)
-            assert page.locator("mjx-container").count() >= n_math, "some math was not typeset"
-
-        # Images: all decoded (hidden slider frames included).
-        broken = page.evaluate(
-            "Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(0, 80))"
-        )
-        assert not broken, f"images that did not load: {broken}"
-
-        # Widgets: a notebook that saved widget state gets them rendered by the site's widget manager.
-        n_views = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
-        if n_views:
-            page.wait_for_selector(".jupyter-widgets", timeout=20000)
-
-        # Colab: notebook pages link to Colab at this very notebook.
+        _check_math(page)
+        _check_images(page)
+        _check_widgets(page)
         if _is_notebook(page_name):
-            hrefs = page.eval_on_selector_all("a[href*='colab.research.google.com']", "as => as.map(a => a.href)")
-            repo = REPO_URL.split("github.com/")[-1]
-            want = f"colab.research.google.com/github/{repo}/blob/main/{page_name}.ipynb"
-            assert any(want in h for h in hrefs), f"no Colab link to {want}; found {hrefs}"
-
-        # Static sliders change the figure shown.
-        for root in page.locator(".ac-frames").all():
-            before = root.locator("img.ac-frame:visible").get_attribute("src")
-            last = root.locator("input[type=range]").get_attribute("max")
-            root.locator("input[type=range]").fill(last)
-            after = root.locator("img.ac-frame:visible").get_attribute("src")
-            assert after != before, "moving a static slider did not change the figure"
-
-        # Quizzes and answer boxes give feedback on a click.
-        for quiz in page.locator(".ac-quiz").all():
-            quiz.locator(".ac-quiz-option").first.click()
-            assert quiz.locator(".ac-quiz-feedback").inner_text().strip(), "a quiz gave no feedback"
-            quiz.locator(".ac-quiz-option[data-correct='1']").click()
-            assert quiz.locator(".ac-quiz-feedback").inner_text().startswith("Correct")
-
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / f"{page_name.replace('/', '_')}.png"), full_page=True)
+            _check_colab(page, page_name)
+        _check_copy_buttons(page)
+        _screenshot(page, page_name)  # as the reader first sees it
+        _check_sliders(page)
+        _check_quizzes(page)
+        _check_answer_boxes(page)
+        _check_dropdowns(page)
         assert not problems, "\n".join(problems)
         assert not _not_allowed(js_errors), "\n".join(_not_allowed(js_errors))
     finally:
@@ -110,7 +226,7 @@ def test_page(browser, site_url: str, page_name: str) -> None:
 
 
 def test_phone_width(browser, site_url: str) -> None:
-    """The first chapter at a phone's width (390 px): no horizontal overflow of the page itself."""
+    """The first chapter at a phone's width (390 px): the text fits, nothing scrolls sideways."""
     chapter = next(p for p in PAGES if _is_notebook(p))
     context, page, problems, js_errors = _open(browser, site_url, f"{chapter}.html", width=390)
     try:
@@ -118,6 +234,13 @@ def test_phone_width(browser, site_url: str) -> None:
         page.screenshot(path=str(SHOTS / "phone_390px.png"), full_page=False)
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 1, f"the page scrolls sideways by {overflow}px at 390px width"
+        wide = page.evaluate(
+            """() => Array.from(document.querySelectorAll('article p, article li, article h1, article h2, article img'))
+                 .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
+                 .map(e => e.tagName + ': ' + (e.textContent || e.alt || '').slice(0, 40))"""
+        )
+        assert not wide, f"text or figures wider than the phone's screen: {wide[:5]}"
         assert not problems, "\n".join(problems)
+        assert not _not_allowed(js_errors), "\n".join(_not_allowed(js_errors))
     finally:
         context.close()

@@ -1,0 +1,112 @@
+"""The book's settings live in one place (_config.yml); these tests keep everything that repeats them in sync.
+
+- the Colab install line of every notebook installs from the repository named in _config.yml, which is
+  also where the Colab launch buttons point;
+- the API page documents every module of attention_core;
+- the Sphinx glue in site/ac_site.py keeps vendored scripts off the automatic list and resolves names
+  the way Python does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+INSTALL = re.compile(r'%pip install -q "attention-core @ git\+(?P<url>https://[^"@]+?)(?:\.git)?(?:@[^"]+)?"')
+
+
+def _first_code_cell(path: Path) -> str:
+    nb = json.loads(path.read_text())
+    return next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def test_repository_is_one_github_url() -> None:
+    repo = CONFIG["repository"]
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", repo["url"]), repo["url"]
+    assert repo.get("branch"), "repository.branch: the Colab links need a branch"
+    assert CONFIG["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_colab_install_matches_repository(path: Path) -> None:
+    first = _first_code_cell(path)
+    match = INSTALL.search(first)
+    assert match, f"{path.name}: the first code cell has no `%pip install -q \"attention-core @ git+...\"` line"
+    assert match["url"].rstrip("/") == CONFIG["repository"]["url"].rstrip("/"), (
+        f"{path.name} installs from {match['url']}, _config.yml names {CONFIG['repository']['url']}"
+    )
+
+
+def test_site_settings() -> None:
+    sphinx = CONFIG["sphinx"]["config"]
+    assert sphinx["numfig"] and sphinx["math_numfig"], "figures and equations are numbered"
+    assert not sphinx["mathjax_path"].startswith(("http:", "https:", "//")), "MathJax comes from the site"
+    assert all(not p.startswith(("http:", "https:", "//")) for p in sphinx["nb_ipywidgets_js"]), "no CDN"
+    assert CONFIG["execute"]["execute_notebooks"] == "off", "the site shows the committed outputs"
+
+
+def test_api_page_documents_every_module() -> None:
+    """Each module has an ``automodule`` section, or all its public names sit in the public-API section."""
+    import importlib
+
+    api = (ROOT / "book" / "api.md").read_text()
+    public = api.split("## ", 2)[1]  # the first section: names documented as attention_core.<name>
+    modules = sorted(
+        "attention_core." + p.stem for p in (ROOT / "attention_core").glob("*.py") if not p.name.startswith("_")
+    ) + ["attention_core.backends"]
+    missing = []
+    for name in modules:
+        if f"automodule:: {name}\n" in api:
+            continue
+        names = getattr(importlib.import_module(name), "__all__", None) or ["<no __all__>"]
+        if not all(re.search(rf":: {n}\n", public) for n in names):
+            missing.append(name)
+    assert not missing, f"book/api.md documents neither the module nor all its public names: {missing}"
+
+
+# --- site/ac_site.py: the Sphinx glue -------------------------------------------------------------------
+
+sys.path.insert(0, str(ROOT / "site"))
+import ac_site  # noqa: E402
+
+
+def test_vendored_scripts_leave_the_automatic_list() -> None:
+    config = SimpleNamespace(
+        html_js_files=["vendor/mathjax/input/tex/extensions/ams.js", "ac.js", ("vendor/require.js", {})],
+        html_css_files=["ac.css", "vendor/x.css"],
+    )
+    ac_site._drop_vendor_scripts(None, config)
+    assert config.html_js_files == ["ac.js"]
+    assert config.html_css_files == ["ac.css"]
+
+
+def test_repeated_inline_scripts_are_dropped_once() -> None:
+    def js(filename, **attributes):
+        return SimpleNamespace(filename=filename, attributes=attributes, priority=500)
+
+    scripts = [js(None, body="const A = 1"), js("a.js"), js("", body="const A = 1"), js(None, body="const B = 2")]
+    context = {"script_files": scripts}
+    ac_site._drop_repeated_inline_scripts(None, "page", "page.html", context, None)
+    assert [(s.filename, s.attributes.get("body")) for s in scripts] == [
+        (None, "const A = 1"), ("a.js", None), (None, "const B = 2")
+    ]
+
+
+def test_lookup_follows_python_names() -> None:
+    import attention_core
+    import attention_core.functional
+
+    assert ac_site._lookup("attention_core.scaled_dot_product_attention") is (
+        attention_core.functional.scaled_dot_product_attention
+    )
+    assert ac_site._lookup("attention_core.no_such_name") is None
+    assert ac_site._lookup("os.path") is None, "only the book's package is looked up"

@@ -1,0 +1,97 @@
+"""attention_core.static: kernel-free HTML for the site (the browser test clicks it; these check the markup)."""
+
+from __future__ import annotations
+
+import re
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import pytest
+
+from attention_core import static
+
+TINY_PNG = (  # a 1x1 PNG
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+
+
+def test_frame_slider_shows_one_frame_per_value_with_alt_text() -> None:
+    html = static.frame_slider([TINY_PNG, TINY_PNG, TINY_PNG], [0.1, 0.5, 2.0], label="bandwidth h",
+                               alt="Nadaraya-Watson fit", initial=1).markup
+    assert html.count('class="ac-frame"') == 3
+    assert re.findall(r"display:(block|none)", html) == ["none", "block", "none"]
+    assert 'max="2"' in html and 'value="1"' in html
+    assert 'alt="Nadaraya-Watson fit (bandwidth h = 2.0)"' in html
+    assert '<output class="ac-frames-value">0.5</output>' in html
+
+
+def test_frame_slider_renders_and_closes_figures() -> None:
+    figs = []
+    for k in range(2):
+        fig, ax = plt.subplots(figsize=(2, 1.5))
+        ax.plot([0, 1], [0, k])
+        figs.append(fig)
+    html = static.frame_slider(figs, ["a", "b"], label="k", alt="a line").markup
+    assert html.count("data:image/png;base64,") == 2
+    assert not plt.get_fignums(), "rendered figures must be closed"
+
+
+def test_ids_repeat_across_runs_and_differ_across_content() -> None:
+    a = static.quiz_html("Q?", ["x", "y"], 0).markup
+    assert a == static.quiz_html("Q?", ["x", "y"], 0).markup, "outputs must repeat for nbval"
+    ids = {re.search(r'id="([^"]+)"', static.quiz_html(q, ["x", "y"], 0).markup)[1] for q in ("Q1?", "Q2?")}
+    assert len(ids) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(frames=[], values=[]), "frames"),
+        (dict(frames=[TINY_PNG], values=[1, 2]), "values"),
+        (dict(frames=[TINY_PNG], values=[1], initial=1), "initial"),
+    ],
+)
+def test_frame_slider_validates(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        static.frame_slider(label="x", alt="y", **kwargs)
+
+
+def test_quiz_marks_exactly_one_right_answer_and_escapes_text() -> None:
+    html = static.quiz_html("Is 1 < 2?", ["<yes>", "no", "maybe"], 0, explanation="ordering").markup
+    assert html.count('data-correct="1"') == 1 and html.count('data-correct="0"') == 2
+    assert "&lt;yes&gt;" in html and "<yes>" not in html
+    assert '"Correct. ordering"' in html
+    with pytest.raises(ValueError, match="options"):
+        static.quiz_html("Q", ["only"], 0)
+    with pytest.raises(ValueError, match="answer_index"):
+        static.quiz_html("Q", ["a", "b"], 2)
+
+
+def test_answer_box_carries_expected_value_and_tolerance() -> None:
+    html = static.answer_box_html("weight:", 0.25, rtol=0.01, atol=0.0).markup
+    assert "e = 0.25;" in html
+    assert "<= 0.0 + 0.01 * Math.abs(e)" in html
+    assert 'type="number"' in html
+
+
+def test_static_fallback_offers_widget_and_html() -> None:
+    widget = widgets.IntSlider(value=3)
+    quiz = static.quiz_html("Q?", ["a", "b"], 1)
+    shown = static.with_static_fallback(widget, quiz)
+    bundle = shown._repr_mimebundle_()
+    assert bundle["text/html"] == quiz.markup
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == widget.model_id
+    assert "text/plain" in bundle
+
+
+def test_html_repr_is_short_and_stable() -> None:
+    html = static.answer_box_html("x:", 1.0)
+    assert html._repr_html_() == str(html) == html.markup
+    assert repr(html) == f"<attention_core.static.HTML, {len(html.markup)} characters>"
+
+
+def test_figure_to_data_uri_is_a_png() -> None:
+    fig, ax = plt.subplots(figsize=(1, 1))
+    uri = static.figure_to_data_uri(fig, dpi=20)
+    assert uri.startswith("data:image/png;base64,iVBORw0KGgo")
+    assert not plt.fignum_exists(fig.number)
