@@ -5,6 +5,8 @@ These work on what :class:`~attention_core.bert.BertEncoder` returns (per-layer 
 
 - :func:`attention_entropy`: how spread out each head's weights are, averaged over the real queries;
 - :func:`attention_received`: how much weight each token receives, averaged over heads and real queries;
+- :func:`value_contributions`: the vector each token adds per unit of weight, per head (a weight on a
+  token whose vector is short changes little);
 - :func:`gradient_x_input`: a gradient-based attribution on the word embeddings, to set beside attention
   (attention weights are not an explanation of the output);
 - :class:`HeadExplorer`: a layer/head selector over the attention maps of one sentence, which also carries
@@ -24,9 +26,17 @@ from matplotlib.figure import Figure
 
 from attention_core._checks import check_tensor, fmt_shape
 from attention_core.bert import BertEncoder, BertOutput
+from attention_core.modules import MultiHeadAttention
 from attention_core.viz import HEATMAP_CMAP, figure_to_png, plot_attention
 
-__all__ = ["HeadExplorer", "attention_entropy", "attention_received", "gradient_x_input", "head_explorer"]
+__all__ = [
+    "HeadExplorer",
+    "attention_entropy",
+    "attention_received",
+    "gradient_x_input",
+    "head_explorer",
+    "value_contributions",
+]
 
 
 def _check_weights(attentions: Sequence[torch.Tensor], attention_mask: torch.Tensor) -> torch.Tensor:
@@ -73,6 +83,33 @@ def attention_received(weights: torch.Tensor, attention_mask: torch.Tensor) -> t
     m = attention_mask.bool().to(w.device).float()  # (B, L)
     per_query = w.mean(1)  # (B, H, L, S) -> (B, L, S)
     return (per_query * m[:, :, None]).sum(1) / m.sum(1, keepdim=True)  # (B, S)
+
+
+def value_contributions(attention: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
+    """What each token can add to the attention output, per head: ``f_hj = (x_j W_V^h + b_V^h) W_O^h``.
+
+    The output of multi-head self-attention for query ``i`` is ``b_O + sum_h sum_j alpha_hij f_hj``, so a
+    weight ``alpha_hij`` matters only as much as the vector ``f_hj`` it multiplies is long: a large weight on
+    a token whose ``f`` is short moves the output little.
+
+    Args:
+        attention: a self-attention module with ``num_kv_heads == num_heads``.
+        x: (B, L, D), the module's input.
+
+    Returns:
+        (B, H, L, D) vectors, without gradient.
+    """
+    if attention.num_kv_heads != attention.num_heads:
+        raise ValueError("attention must have num_kv_heads == num_heads (no grouped-query attention here)")
+    check_tensor(x, "x")
+    if x.dim() != 3 or x.shape[-1] != attention.embed_dim:
+        raise ValueError(f"x must be (B, L, D) with D = {attention.embed_dim}, got {fmt_shape(x.shape)}")
+    B, L, D = x.shape
+    H, E = attention.num_heads, attention.head_dim
+    with torch.no_grad():
+        v = attention.v_proj(x).view(B, L, H, E).transpose(1, 2)  # (B, L, D) -> (B, H, L, E)
+        w_o = attention.out_proj.weight.view(D, H, E)  # (D, H * E) -> (D, H, E)
+        return torch.einsum("bhle,dhe->bhld", v, w_o)  # (B, H, L, D)
 
 
 def gradient_x_input(
@@ -175,8 +212,7 @@ class HeadExplorer(widgets.VBox):
             canvas[r * step : r * step + L, c * step : c * step + L] = W[h]
         fig = Figure(figsize=(2.1 * cols + 1.2, 2.1 * rows + 0.6))
         ax = fig.add_subplot()
-        cmap = matplotlib.colormaps[HEATMAP_CMAP].copy()
-        cmap.set_bad("white")
+        cmap = matplotlib.colormaps[HEATMAP_CMAP].with_extremes(bad="white")  # the gaps between maps
         im = ax.imshow(canvas, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
         for h in range(H):
             r, c = divmod(h, cols)

@@ -14,6 +14,7 @@ from attention_core.inspection import (
     attention_received,
     gradient_x_input,
     head_explorer,
+    value_contributions,
 )
 
 TINY = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
@@ -93,3 +94,17 @@ def test_head_explorer_summary_and_static_version(tiny: BertEncoder) -> None:
         head_explorer([a[0] for a in out.attentions], tokens, layer=3)
     with pytest.raises(ValueError, match="len\\(tokens\\)"):
         head_explorer([a[0] for a in out.attentions], tokens[:3])
+
+
+def test_value_contributions_rebuild_the_attention_output(tiny: BertEncoder) -> None:
+    """b_O + sum_h sum_j alpha_hij f_hj is the output of the attention module."""
+    x = torch.randn(2, 5, 16)
+    mha = tiny.encoder.layers[0].self_attn
+    with torch.no_grad():
+        out, weights = mha(x, need_weights=True)  # (B, L, D), (B, H, L, L)
+    f = value_contributions(mha, x)
+    assert f.shape == (2, 4, 5, 16)
+    rebuilt = torch.einsum("bhij,bhjd->bid", weights, f) + mha.out_proj.bias
+    torch.testing.assert_close(rebuilt, out, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"x must be \(B, L, D\) with D = 16"):
+        value_contributions(mha, torch.randn(2, 5, 8))
