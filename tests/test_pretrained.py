@@ -162,8 +162,11 @@ def test_text_longer_than_the_position_table(ours: MiniLM) -> None:
     long = "bat " * 600  # 602 tokens with [CLS] and [SEP]
     with pytest.raises(ValueError, match=r"sentences\[0\] has 602 tokens .*position table holds 512"):
         ours.encode(long)
-    enc = ours.encode(["a bat", long], truncate=True, need_weights=False)
-    assert enc.input_ids.shape == (2, 512) and enc.tokens[1][-1] == "[SEP]"
+    batch = ours.tokenize(["a bat", long], truncate=True)  # the first 511 tokens and [SEP]
+    assert batch.input_ids.shape == (2, 512) and batch.tokens[1][-1] == "[SEP]"
+    assert batch.tokens[1][:511] == ["[CLS]"] + ["bat"] * 510
+    enc = ours.encode(long, max_length=16, truncate=True, need_weights=False)  # runs the model on the cut text
+    assert enc.hidden_states[-1].shape == (1, 16, 384) and enc.tokens[0][-1] == "[SEP]"
     with pytest.raises(ValueError, match="max_length must be an int in"):
         ours.tokenize("a bat", max_length=513)
     with pytest.raises(ValueError, match="input_ids has 513 tokens but the position table has 512"):
