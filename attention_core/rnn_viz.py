@@ -196,11 +196,19 @@ class WindowExplorer(widgets.VBox):
 
     def static_html(self, centers: Optional[Sequence[float]] = None, windows: Sequence[int] = (0, 1, 2, 3, 5, 8)
                     ) -> str:
-        """Kernel-free version: frames over ``p_t`` (at the current D) and over ``D`` (at the current p_t)."""
+        """Kernel-free version: frames over ``p_t`` (at the current D) and over ``D`` (at the current p_t).
+
+        Args:
+            centers: the p_t of the first slider's frames (default: every few words, and the current p_t).
+            windows: the D of the second slider's frames.
+        """
         from attention_core.static import frame_slider
 
         D0, p0 = int(self.window.value), float(self.center.value)
-        centers = list(centers) if centers is not None else [float(c) for c in range(len(self.src_tokens))]
+        if centers is None:  # about a dozen frames, one every few words, plus the current p_t
+            S = len(self.src_tokens)
+            centers = sorted({float(c) for c in range(0, S, max(1, S // 12))} | {p0})
+        centers = list(centers)
         by_center = frame_slider([self.figure(D0, c) for c in centers], [f"{c:.1f}" for c in centers],
                                  label=f"p_t (D = {D0})", alt="raw scores and local-p weights",
                                  initial=min(range(len(centers)), key=lambda i: abs(centers[i] - p0)))
