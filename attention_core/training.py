@@ -302,7 +302,8 @@ def train_and_save(names: Sequence[str], directory: PathLike = CHECKPOINT_DIR, s
     for name in names:
         model, log = train_recipe(name, show_progress=show_progress)
         sha = save_checkpoint(model.cpu(), directory / f"{name}.pt")
-        lock_path = Path(tempfile.gettempdir()) / f"ac-manifest-{hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]}.lock"
+        key = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
+        lock_path = Path(tempfile.gettempdir()) / f"ac-manifest-{key}.lock"
         with open(lock_path, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             manifest = read_manifest(directory)
