@@ -45,8 +45,9 @@ $(VENDOR)/.installed: site/package.json site/package-lock.json
 
 site-assets: $(VENDOR)/.installed
 
+# Strict: any Sphinx warning (broken reference, bad docstring markup, missing citation) fails the build.
 book: $(STAMP) site-assets
-	$(VENV)/bin/jupyter-book build . --keep-going
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 	@echo "The site is at $(CURDIR)/_build/html/index.html"
 
 test: test-unit test-notebooks test-site
@@ -62,10 +63,11 @@ test-notebooks: $(STAMP)
 	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadfile --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg book
 
+# A clean strict build, then every page in Chromium (tests/browser); screenshots land in _build/screenshots/.
 test-site: $(STAMP) site-assets
 	rm -rf _build
-	$(VENV)/bin/jupyter-book build . -W -n --keep-going
-	@echo "The site is at $(CURDIR)/_build/html/index.html"
+	@start=$$(date +%s); $(VENV)/bin/jupyter-book build . -W -n --keep-going; \
+		echo "Site built in $$(( $$(date +%s) - start )) s: $(CURDIR)/_build/html/index.html"
 	scripts/ensure_chromium.sh
 	$(PY) -m pytest -q -p no:cacheprovider tests/browser
 

@@ -123,9 +123,32 @@ def _resolve_alias(app: Any, env: Any, node: Any, contnode: Any) -> Any:
     return None
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def _drop_unused_widget_manager(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
+    """No widget view on the page (every widget output shows its static HTML): no widget state, no manager.
+
+    The saved widget state stays in the notebook (Jupyter and Colab use it); on the page it would only make
+    the browser download and parse the state and start require.js and the widget manager for nothing.
+    """
+    scripts = context.get("script_files")
+    if not isinstance(scripts, list) or WIDGET_VIEW in context.get("body", ""):
+        return
+    widget_files = {"_static/" + VENDOR_PREFIX + name for name in ("require.js", "embed-amd.js")}
+    scripts[:] = [
+        s for s in scripts
+        if str(getattr(s, "filename", None) or "") not in widget_files
+        and getattr(s, "attributes", {}).get("type") != WIDGET_STATE
+    ]
+
+
 def setup(app: Any) -> dict:
     app.connect("config-inited", _drop_vendor_scripts, priority=100)
     app.connect("html-page-context", _drop_repeated_inline_scripts)
     app.connect("missing-reference", _resolve_alias)
-    app.connect("html-page-context", _add_widget_paths, priority=900)  # after myst-nb adds the widget scripts
+    # After myst-nb adds the widget scripts (priority 500):
+    app.connect("html-page-context", _drop_unused_widget_manager, priority=890)
+    app.connect("html-page-context", _add_widget_paths, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1"}

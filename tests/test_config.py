@@ -110,3 +110,18 @@ def test_lookup_follows_python_names() -> None:
     )
     assert ac_site._lookup("attention_core.no_such_name") is None
     assert ac_site._lookup("os.path") is None, "only the book's package is looked up"
+
+
+def test_widget_manager_only_where_a_widget_view_is_shown() -> None:
+    def js(filename, **attributes):
+        return SimpleNamespace(filename=filename, attributes=attributes, priority=500)
+
+    def page(body):
+        scripts = [js("_static/doctools.js"), js(None, type=ac_site.WIDGET_STATE, body="{}"),
+                   js("_static/vendor/require.js"), js("_static/vendor/embed-amd.js")]
+        ac_site._drop_unused_widget_manager(None, "p", "page.html", {"script_files": scripts, "body": body}, None)
+        return [s.filename for s in scripts]
+
+    assert page("<p>static HTML only</p>") == ["_static/doctools.js"]
+    shown = f'<script type="{ac_site.WIDGET_VIEW}">{{}}</script>'
+    assert page(shown) == ["_static/doctools.js", None, "_static/vendor/require.js", "_static/vendor/embed-amd.js"]
