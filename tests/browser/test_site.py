@@ -208,13 +208,13 @@ def _screenshot(page, name: str) -> None:
 def test_page(browser, site_url: str, page_name: str) -> None:
     context, page, problems, js_errors = _open(browser, site_url, f"{page_name}.html")
     try:
+        _screenshot(page, page_name)  # as the reader first sees it (math typeset), before any check can fail
         _check_math(page)
         _check_images(page)
         _check_widgets(page)
         if _is_notebook(page_name):
             _check_colab(page, page_name)
         _check_copy_buttons(page)
-        _screenshot(page, page_name)  # as the reader first sees it
         _check_sliders(page)
         _check_quizzes(page)
         _check_answer_boxes(page)
