@@ -50,14 +50,16 @@ def _drop_repeated_inline_scripts(app: Any, pagename: str, templatename: str, co
     scripts[:] = kept
 
 
-# The ipywidgets HTML manager (embed-amd.js) loads its icon fonts from the URL that require.js gives its own
-# module id, by default relative to the page (book/@jupyter-widgets/html-manager/dist/...: a 404). This
-# snippet, placed between require.js and embed-amd.js, maps that id to the folder require.js came from.
+# The ipywidgets HTML manager (embed-amd.js) loads its icon fonts from the folder of the URL that require.js
+# gives a module's id, by default relative to the page (book/@jupyter-widgets/html-manager/dist/... for the
+# manager, book/@jupyter-widgets/ for the controls it draws: 404s). This snippet, placed between require.js
+# and embed-amd.js, maps both ids to the folder require.js came from, where `make site-assets` put the fonts.
 WIDGET_PATHS = """(function () {
   var s = document.querySelector('script[src*="vendor/require.js"]');
   if (!s || !window.require) return;
   var base = s.src.replace(/require\\.js(\\?.*)?$/, "");
-  require.config({paths: {"@jupyter-widgets/html-manager/dist": base.replace(/\\/$/, "")}});
+  base = base.replace(/\\/$/, "");
+  require.config({paths: {"@jupyter-widgets/html-manager/dist": base, "@jupyter-widgets": base}});
 })();"""
 
 
