@@ -214,6 +214,9 @@ def test_page(browser, site_url: str, page_name: str) -> None:
         _check_widgets(page)
         if _is_notebook(page_name):
             _check_colab(page, page_name)
+            # Every chapter ends with exercises: a quiz answerable on the page and worked solutions behind a click.
+            assert page.locator(".ac-quiz").count() >= 1, "a chapter without a quiz on the page"
+            assert page.locator("div.admonition.dropdown").count() >= 1, "a chapter without solution dropdowns"
         _check_copy_buttons(page)
         _check_sliders(page)
         _check_quizzes(page)
