@@ -8,7 +8,8 @@ that give feedback on a click; solution dropdowns that open; no JavaScript error
 in ALLOWED_JS_ERRORS with a reason. A screenshot of every page goes to _build/screenshots/ (plus the
 first chapter at a phone's width, where the page must not scroll sideways).
 
-The site folder is _build/html, or $AC_SITE_DIR when set (e.g. a build made with --path-output).
+The site folder is _build/html, or $AC_SITE_DIR when set (e.g. a build made with --path-output); the pages
+are those of _toc.yml, or of $AC_TOC (e.g. a trial build with `jupyter-book build . --toc FILE`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _toc_files(node) -> list[str]:
     return out
 
 
-TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
+TOC = yaml.safe_load(Path(os.environ.get("AC_TOC", ROOT / "_toc.yml")).read_text())  # $AC_TOC: a trial toc
 PAGES = [p.removesuffix(".md").removesuffix(".ipynb") for p in _toc_files(TOC)]
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 REPO = CONFIG["repository"]["url"].rstrip("/").split("github.com/")[-1]
