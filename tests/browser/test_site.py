@@ -112,7 +112,7 @@ def _check_images(page) -> None:
         "Array.from(document.images).filter(i => !i.alt.trim() || i.alt.includes('_images/'))"
         ".map(i => i.src.slice(-24))"
     )
-    assert not no_alt, f"figures without alt text (their file names): {no_alt}"
+    assert not no_alt, f"figures without alt text (add it with scripts/add_alt_text.py): {no_alt}"
 
 
 def _check_widgets(page) -> None:
