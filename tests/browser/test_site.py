@@ -42,6 +42,8 @@ def _toc_files(node) -> list[str]:
 
 TOC = yaml.safe_load(Path(os.environ.get("AC_TOC", ROOT / "_toc.yml")).read_text())  # $AC_TOC: a trial toc
 PAGES = [p.removesuffix(".md").removesuffix(".ipynb") for p in _toc_files(TOC)]
+# Pages Sphinx adds on its own: the search page (its index loads from the site too) and the indexes.
+PAGES += ["search", "genindex", "py-modindex"]
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 REPO = CONFIG["repository"]["url"].rstrip("/").split("github.com/")[-1]
 BRANCH = CONFIG["repository"].get("branch", "main")
@@ -244,6 +246,19 @@ def test_phone_width(browser, site_url: str) -> None:
                  .map(e => e.tagName + ': ' + (e.textContent || e.alt || '').slice(0, 40))"""
         )
         assert not wide, f"text or figures wider than the phone's screen: {wide[:5]}"
+        assert not problems, "\n".join(problems)
+        assert not _not_allowed(js_errors), "\n".join(_not_allowed(js_errors))
+    finally:
+        context.close()
+
+
+def test_search_works_offline(browser, site_url: str) -> None:
+    """The site's own search (searchindex.js, no server side) finds a word every chapter uses."""
+    context, page, problems, js_errors = _open(browser, site_url, "search.html?q=softmax")
+    try:
+        page.wait_for_selector("#search-results ul.search li", timeout=20000)
+        hits = page.locator("#search-results ul.search li a").evaluate_all("as => as.map(a => a.href)")
+        assert any("/book/" in h for h in hits), f"no chapter in the results: {hits[:5]}"
         assert not problems, "\n".join(problems)
         assert not _not_allowed(js_errors), "\n".join(_not_allowed(js_errors))
     finally:
