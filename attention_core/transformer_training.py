@@ -13,6 +13,7 @@ and trains from the recipe instead when asked (``retrain=True``) or when the fil
 
 from __future__ import annotations
 
+import fcntl
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ __all__ = [
     "CHECKPOINT_DIR",
     "TRANSFORMER_MANIFEST",
     "TRANSFORMER_RECIPE",
+    "TRANSFORMER_RECIPES",
     "TransformerRecipe",
     "load_or_train_transformer",
     "load_transformer_checkpoint",
@@ -46,21 +48,24 @@ class TransformerRecipe:
     """How the book's Transformer is built and trained.
 
     The model fields go to :func:`~attention_core.transformer_seq2seq.build_transformer`; ``steps``,
-    ``batch_size``, ``lr``, ``clip`` and ``data_seed`` are the training budget, as in
-    :class:`attention_core.training.Recipe`.
+    ``batch_size``, ``lr``, ``min_lr_ratio`` (cosine decay), ``clip`` and ``data_seed`` are the training
+    budget, the same as :class:`attention_core.training.Recipe`'s for the RNN models.
+    The model (about 62k parameters) is as large as the RNN models of chapters 3 and 4. There is no dropout:
+    every batch is freshly generated, so the model cannot overfit.
     """
 
     name: str = "transformer"
-    d_model: int = 64
+    d_model: int = 32
     num_heads: int = 4
     num_encoder_layers: int = 2
     num_decoder_layers: int = 2
     dim_feedforward: int = 128
     dropout: float = 0.0
     norm_first: bool = True
-    steps: int = 3000
+    steps: int = 600
     batch_size: int = 64
-    lr: float = 1e-3
+    lr: float = 5e-3
+    min_lr_ratio: float = 0.05
     clip: float = 1.0
     seed: int = 0
     data_seed: int = 1
@@ -75,7 +80,13 @@ class TransformerRecipe:
         }
 
 
+#: The book's Transformer, trained with the budget of chapters 3 and 4's RNN models.
 TRANSFORMER_RECIPE = TransformerRecipe()
+#: The same model trained twice as long (chapter 8 shows what the extra steps buy).
+TRANSFORMER_RECIPES: Dict[str, TransformerRecipe] = {
+    r.name: r
+    for r in (TRANSFORMER_RECIPE, TransformerRecipe(name="transformer_x2", steps=2 * TRANSFORMER_RECIPE.steps))
+}
 
 
 def train_transformer(recipe: TransformerRecipe = TRANSFORMER_RECIPE, device: Optional[torch.device] = None,
@@ -86,7 +97,8 @@ def train_transformer(recipe: TransformerRecipe = TRANSFORMER_RECIPE, device: Op
     task = NumberWords()
     model = build_transformer(recipe.config(task))
     log = train_seq2seq(model, task.stream(recipe.batch_size, recipe.data_seed), recipe.steps, lr=recipe.lr,
-                        clip=recipe.clip, device=device, desc=recipe.name, show_progress=show_progress)
+                        clip=recipe.clip, device=device, desc=recipe.name, show_progress=show_progress,
+                        min_lr_ratio=recipe.min_lr_ratio)
     return model, log
 
 
@@ -116,9 +128,11 @@ def save_transformer_checkpoint(model: Seq2SeqTransformer, log: TrainLog, direct
     torch.save({"format": 1, "config": model.config, "state_dict": state}, path)
     entry = _entry(model, log, recipe, file_sha256(path))
     manifest_path = directory / TRANSFORMER_MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    manifest[recipe.name] = entry
-    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    with open(directory / ".transformer_manifest.lock", "w") as lock:  # several trainings may finish together
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        manifest[recipe.name] = entry
+        manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
     return entry
 
 

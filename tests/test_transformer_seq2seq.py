@@ -177,3 +177,15 @@ def test_bad_inputs_name_the_argument() -> None:
         TransformerDecoderLayer.from_torch(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="sequence length L = 70"):
         model.decoder(torch.zeros(1, 70, dtype=torch.long), model.encode(batch.src, batch.src_valid_lens))
+
+
+def test_shipped_checkpoint_matches_its_manifest_and_the_recipe() -> None:
+    from dataclasses import asdict
+
+    from attention_core.transformer_training import CHECKPOINT_DIR
+
+    entry = json.loads((CHECKPOINT_DIR / TRANSFORMER_MANIFEST).read_text())["transformer"]
+    assert entry["recipe"] == asdict(TRANSFORMER_RECIPE), "retrain with scripts/train_transformer_checkpoint.py"
+    model = load_transformer_checkpoint(CHECKPOINT_DIR / entry["file"], entry["sha256"])
+    assert sum(p.numel() for p in model.parameters()) == entry["parameters"]
+    assert len(entry["losses"]) * entry["loss_every"] == TRANSFORMER_RECIPE.steps
