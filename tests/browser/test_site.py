@@ -5,8 +5,10 @@ decoded; math typeset by the site's own MathJax where the page has math, labelle
 widgets rendered where a notebook embedded a widget view; on notebook pages a Colab link that points at
 that notebook; copy buttons on code; static sliders that change the figure; quizzes and answer boxes
 that give feedback on a click; solution dropdowns that open; no JavaScript error except the ones listed
-in ALLOWED_JS_ERRORS with a reason. A screenshot of every page goes to _build/screenshots/ (plus the
-first chapter at a phone's width, where the page must not scroll sideways).
+in ALLOWED_JS_ERRORS with a reason; every figure has alt text; every chapter has a quiz and solutions.
+The search page, the indexes and an offline search are checked too. A screenshot of every page goes to
+_build/screenshots/ (JPEG, full page), plus the first chapter at a phone's width (390 px), where the page
+must not scroll sideways.
 
 The site folder is _build/html, or $AC_SITE_DIR when set (e.g. a build made with --path-output); the pages
 are those of _toc.yml, or of $AC_TOC (e.g. a trial build with `jupyter-book build . --toc FILE`).
