@@ -128,11 +128,15 @@ def save_transformer_checkpoint(model: Seq2SeqTransformer, log: TrainLog, direct
     torch.save({"format": 1, "config": model.config, "state_dict": state}, path)
     entry = _entry(model, log, recipe, file_sha256(path))
     manifest_path = directory / TRANSFORMER_MANIFEST
-    with open(directory / ".transformer_manifest.lock", "w") as lock:  # several trainings may finish together
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    with open(manifest_path, "a+") as f:  # locked: several trainings may finish at the same time
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read()
+        manifest = json.loads(text) if text.strip() else {}
         manifest[recipe.name] = entry
-        manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
     return entry
 
 

@@ -155,6 +155,10 @@ def test_checkpoint_round_trip_and_checksum(tmp_path) -> None:
         load_or_train_transformer(tmp_path, recipe=replace(recipe, steps=2))
     with pytest.raises(FileNotFoundError):
         load_transformer_checkpoint(tmp_path / "missing.pt", entry["sha256"])
+    retrained, fresh = load_or_train_transformer(tmp_path, retrain=True, recipe=replace(recipe, steps=2))
+    assert fresh["sha256"] is None and len(fresh["losses"]) == 1 and not retrained.training
+    with pytest.raises(TypeError, match="retrain must be a bool"):
+        load_or_train_transformer(tmp_path, retrain="yes")
 
 
 def test_bad_inputs_name_the_argument() -> None:
