@@ -117,6 +117,12 @@ def _check_images(page) -> None:
         ".map(i => i.src.slice(-24))"
     )
     assert not no_alt, f"figures without alt text (add it with scripts/add_alt_text.py): {no_alt}"
+    # Captioned figures (MyST figures, or `mystnb: figure:` cell metadata) carry a number (numfig).
+    unnumbered = page.evaluate(
+        "Array.from(document.querySelectorAll('figure figcaption, div.figure p.caption'))"
+        ".filter(c => !c.querySelector('.caption-number')).map(c => c.textContent.slice(0, 40))"
+    )
+    assert not unnumbered, f"captioned figures without a number: {unnumbered}"
 
 
 def _check_widgets(page) -> None:
