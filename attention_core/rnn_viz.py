@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Mapping, Optional, Sequence
 
 import ipywidgets as widgets
 import numpy as np
 import torch
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from attention_core.masks import padding_mask
@@ -151,6 +153,7 @@ class WindowExplorer(widgets.VBox):
         self.summary = widgets.Label()
         self.image = widgets.Image(format="png")
         super().__init__(children=[widgets.HBox([self.window, self.center]), self.summary, self.image])
+        self._build()
         self.window.observe(self.redraw, names="value")
         self.center.observe(self.redraw, names="value")
         self.redraw()
@@ -162,31 +165,45 @@ class WindowExplorer(widgets.VBox):
         return (f"D = {window}, p_t = {center:.1f}: local-p keeps {float(w.sum()):.3f} of the mass, "
                 f"most on '{self.src_tokens[top]}' (position {top}, weight {float(w[top]):.3f})")
 
-    def figure(self, window: int, center: float) -> Figure:
-        """The explorer's figure for one setting, off-screen."""
+    def _build(self) -> None:
+        """Create the figure once; :meth:`figure` only moves its artists (much faster than redrawing)."""
         S = len(self.src_tokens)
         x = np.arange(S)
-        glob = torch.softmax(self.scores, -1)
-        local = window_weights(self.scores, center, window)
-        fig = Figure(figsize=(9.0, 3.4), layout="constrained")
+        fig = Figure(figsize=(9.0, 3.4), layout="constrained")  # not pyplot: no inline display, no leak
         ax0, ax1 = fig.subplots(1, 2)
         ax0.bar(x, self.scores.numpy(), color=OKABE_ITO[5])
         ax0.set_ylabel("raw score $e_{t,s}$")
         ax0.set_title("scores of the trained model")
-        ax1.bar(x - 0.2, glob.numpy(), width=0.4, color=OKABE_ITO[0], label="global softmax")
-        ax1.bar(x + 0.2, local.numpy(), width=0.4, color=OKABE_ITO[1], label=f"local-p, D = {window}")
-        ax1.axvspan(center - window - 0.5, center + window + 0.5, color="0.85", zorder=0)
-        ax1.axvline(center, color="0.3", ls=":", lw=1.2, label=f"$p_t$ = {center:.1f}")
+        ax1.bar(x - 0.2, torch.softmax(self.scores, -1).numpy(), width=0.4, color=OKABE_ITO[0],
+                label="global softmax")
+        self._local = ax1.bar(x + 0.2, np.zeros(S), width=0.4, color=OKABE_ITO[1], label="local-p")
+        self._span = ax1.axvspan(-0.5, 0.5, color="0.85", zorder=0)
+        self._line = ax1.axvline(0.0, color="0.3", ls=":", lw=1.2, label="$p_t$")
         ax1.set_ylim(0, 1.02)
         ax1.set_ylabel("weight")
-        ax1.set_title("global vs local-p weights")
+        self._title = ax1.set_title("")
         ax1.legend(loc="upper right")
         for ax in (ax0, ax1):
             ax.set_xticks(x, self.src_tokens, rotation=90)
             ax.set_xlabel("source word")
         if self.title:
             fig.suptitle(self.title, fontsize=10)
-        return fig
+        self._title.set_text("global vs local-p weights: D = 0, $p_t$ = 0.0")  # a typical title, for the layout
+        FigureCanvasAgg(fig).draw()  # settle the layout once, then keep it
+        fig.set_layout_engine("none")
+        self._fig = fig
+
+    def figure(self, window: int, center: float) -> Figure:
+        """The explorer's (off-screen, shared) figure, set to one setting."""
+        local = window_weights(self.scores, center, window)
+        for bar, h in zip(self._local, local.tolist()):
+            bar.set_height(h)
+        lo, hi = center - window - 0.5, center + window + 0.5
+        self._span.set_x(lo)  # a Rectangle in axes-fraction height
+        self._span.set_width(hi - lo)
+        self._line.set_xdata([center, center])
+        self._title.set_text(f"global vs local-p weights: D = {window}, $p_t$ = {center:.1f}")
+        return self._fig
 
     def redraw(self, *_: Any) -> None:
         """Redraw for the current slider values (called on every change)."""
@@ -194,27 +211,32 @@ class WindowExplorer(widgets.VBox):
         self.summary.value = self.describe(D, p)
         self.image.value = figure_to_png(self.figure(D, p))
 
-    def static_html(self, centers: Optional[Sequence[float]] = None, windows: Sequence[int] = (0, 1, 2, 3, 5, 8)
+    def _uri(self, window: int, center: float, dpi: int = 60) -> str:
+        png = figure_to_png(self.figure(window, center), dpi=dpi)
+        return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+    def static_html(self, centers: Optional[Sequence[float]] = None, windows: Sequence[int] = (0, 3, 6)
                     ) -> str:
         """Kernel-free version: frames over ``p_t`` (at the current D) and over ``D`` (at the current p_t).
 
         Args:
-            centers: the p_t of the first slider's frames (default: every few words, and the current p_t).
+            centers: the p_t of the first slider's frames (default: five across the sentence, and the current p_t).
             windows: the D of the second slider's frames.
         """
         from attention_core.static import frame_slider
 
         D0, p0 = int(self.window.value), float(self.center.value)
-        if centers is None:  # about a dozen frames, one every few words, plus the current p_t
+        if centers is None:  # five frames across the sentence, plus the current p_t
             S = len(self.src_tokens)
-            centers = sorted({float(c) for c in range(0, S, max(1, S // 12))} | {p0})
+            centers = sorted({float(c) for c in range(0, S, max(1, S // 4))} | {p0})
         centers = list(centers)
-        by_center = frame_slider([self.figure(D0, c) for c in centers], [f"{c:.1f}" for c in centers],
+        by_center = frame_slider([self._uri(D0, c) for c in centers], [f"{c:.1f}" for c in centers],
                                  label=f"p_t (D = {D0})", alt="raw scores and local-p weights",
                                  initial=min(range(len(centers)), key=lambda i: abs(centers[i] - p0)))
-        by_window = frame_slider([self.figure(D, p0) for D in windows], [str(D) for D in windows],
+        by_window = frame_slider([self._uri(D, p0) for D in windows], [str(D) for D in windows],
                                  label=f"D (p_t = {p0:.1f})", alt="raw scores and local-p weights",
                                  initial=min(range(len(windows)), key=lambda i: abs(windows[i] - D0)))
+        self.figure(D0, p0)  # leave the shared figure at the widget's setting
         return by_center.markup + by_window.markup
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict | None:
