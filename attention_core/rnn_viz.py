@@ -115,8 +115,8 @@ def window_weights(scores: torch.Tensor, center: float, window: int, valid_len: 
     if scores.dim() != 1:
         raise ValueError(f"scores must be (S,) for one query, got shape {tuple(scores.shape)}")
     S = scores.shape[0]
-    mask = None if valid_len is None else padding_mask(torch.tensor([valid_len]), S)  # (1, S)
-    c = torch.tensor([[float(center)]], dtype=scores.dtype)  # (1, 1)
+    mask = None if valid_len is None else padding_mask(torch.tensor([valid_len], device=scores.device), S)  # (1, S)
+    c = torch.tensor([[float(center)]], dtype=scores.dtype, device=scores.device)  # (1, 1)
     return local_attention_weights(scores[None, None], c, window, mask, gaussian=gaussian)[0, 0]  # -> (S,)
 
 
