@@ -151,16 +151,28 @@ def make_call(c: Config, device: str) -> Callable[[], object]:
 # ---------------------------------------------------------------------------------------------- timing
 
 
-def time_cpu(call: Callable[[], object], min_repeats: int = 3, max_repeats: int = 15,
-             budget_s: float = 4.0) -> List[float]:
-    """Milliseconds of each repeat after one warm-up: at least ``min_repeats``, more while under budget."""
-    call()
-    times: List[float] = []
-    while len(times) < min_repeats or (len(times) < max_repeats and sum(times) / 1e3 < budget_s):
-        t0 = time.perf_counter()
+def time_cpu_interleaved(calls: Dict[str, Callable[[], object]], min_repeats: int = 5, max_repeats: int = 21,
+                         budget_s: float = 12.0) -> Dict[str, List[float]]:
+    """Milliseconds of each repeat of every call, taken round-robin after one warm-up each.
+
+    Round-robin (naive, chunked, torch, naive, ...) rather than one provider after the other: when the
+    machine's load changes during the run, it changes for all providers alike, so the ratios between their
+    medians stay meaningful. At least ``min_repeats`` rounds, more while under ``budget_s``.
+    """
+    for call in calls.values():
         call()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
+    times: Dict[str, List[float]] = {name: [] for name in calls}
+    spent = 0.0
+    while True:
+        rounds = len(next(iter(times.values())))
+        if rounds >= max_repeats or (rounds >= min_repeats and spent > budget_s):
+            return times
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            dt = time.perf_counter() - t0
+            times[name].append(dt * 1e3)
+            spent += dt
 
 
 def time_gpu(call: Callable[[], object]) -> List[float]:
@@ -223,23 +235,42 @@ def gpu_peak(call: Callable[[], object]) -> float:
 # ------------------------------------------------------------------------------------------------- run
 
 
+def _failed(c: Config, err: Exception) -> None:
+    c.note = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+
+
 def measure(c: Config, device: str) -> Config:
+    """One GPU point: peak memory, then the median time (CUDA events)."""
     try:
         call = make_call(c, device)
-        if device == "cuda":
-            c.peak_extra_mib = gpu_peak(call)
-            c.times_ms = time_gpu(call)
-        else:
-            c.times_ms = time_cpu(call)
+        c.peak_extra_mib = gpu_peak(call)
+        c.times_ms = time_gpu(call)
         c.median_ms = statistics.median(c.times_ms)
         c.tflops = flops(c) / (c.median_ms * 1e-3) / 1e12
     except (RuntimeError, ValueError, TypeError) as err:  # unsupported inputs, OOM, no kernel available
-        c.note = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    if device == "cpu" and c.mode == "fwd" and not c.note:
-        c.peak_extra_mib = cpu_peak_in_child(c)
+        _failed(c, err)
+        torch.cuda.empty_cache()
     return c
+
+
+def measure_cpu_group(configs: List[Config]) -> List[Config]:
+    """CPU points that differ only in the provider: timed round-robin, then each one's memory in a child."""
+    calls: Dict[str, Callable[[], object]] = {}
+    for c in configs:
+        try:
+            calls[c.provider] = make_call(c, "cpu")
+        except (RuntimeError, ValueError, TypeError) as err:
+            _failed(c, err)
+    times = time_cpu_interleaved(calls) if calls else {}
+    calls.clear()  # free the inputs before the memory probes
+    for c in configs:
+        if c.provider in times:
+            c.times_ms = times[c.provider]
+            c.median_ms = statistics.median(c.times_ms)
+            c.tflops = flops(c) / (c.median_ms * 1e-3) / 1e12
+            if c.mode == "fwd":
+                c.peak_extra_mib = cpu_peak_in_child(c)
+    return configs
 
 
 def device_name(device: str) -> str:
@@ -377,15 +408,15 @@ def main() -> None:
     batch = args.batch or (1 if cpu else 4)
 
     results: List[Config] = []
-    for mode, dtype, E, causal, L, provider in itertools.product(modes, dtypes, head_dims, causals, lengths,
-                                                                 providers):
-        if provider == "cuda" and mode == "fwd+bwd":
-            continue  # its backward is the reference's: nothing of the kernel to time
-        c = measure(Config(provider, mode, batch, args.heads, L, E, dtype, causal), args.device)
-        results.append(c)
-        shown = f"{c.median_ms:.2f} ms" if c.median_ms else c.note
-        print(f"{provider:16s} {mode:8s} {dtype:8s} E={E:<4d} causal={causal!s:5s} L={L:<6d} {shown}",
-              flush=True)
+    for mode, dtype, E, causal, L in itertools.product(modes, dtypes, head_dims, causals, lengths):
+        group = [Config(p, mode, batch, args.heads, L, E, dtype, causal) for p in providers
+                 if not (p == "cuda" and mode == "fwd+bwd")]  # cuda's backward is the reference's
+        group = measure_cpu_group(group) if cpu else [measure(c, args.device) for c in group]
+        results.extend(group)
+        for c in group:
+            shown = f"{c.median_ms:.2f} ms" if c.median_ms else c.note
+            print(f"{c.provider:16s} {mode:8s} {dtype:8s} E={E:<4d} causal={causal!s:5s} L={L:<6d} {shown}",
+                  flush=True)
     ratios(results)
     print_table(results)
     targets = check_cpu_targets(results) if cpu else []
@@ -401,7 +432,8 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python benchmarks/bench_attention.py " + " ".join(sys.argv[1:]),
-        "timing": "median of time.perf_counter repeats after a warm-up" if cpu else
+        "timing": "median of time.perf_counter repeats after a warm-up, providers interleaved round-robin" if cpu
+        else
         "triton.testing.do_bench median (CUDA events, L2 flushed)",
         "memory": "VmHWM - VmRSS of one call in a fresh process (clear_refs reset)" if cpu else
         "torch.cuda.max_memory_allocated - memory_allocated before the call",
