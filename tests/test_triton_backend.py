@@ -70,6 +70,17 @@ def test_unavailable_on_plain_cpu_with_reason() -> None:
     assert not ok and ("CUDA" in reason or "not installed" in reason)
 
 
+def test_available_backends_by_device() -> None:
+    """``available_backends("cpu")`` never lists a backend that would refuse CPU tensors (tests use it)."""
+    import attention_core as ac
+
+    cpu = ac.available_backends("cpu")
+    assert {"reference", "numpy", "torch", "chunked"} <= set(cpu) <= set(ac.available_backends())
+    assert "cuda" not in cpu
+    assert ("triton" in cpu) == (os.environ.get("TRITON_INTERPRET") == "1")
+    assert "numpy" in ac.available_backends(torch.device("cpu"))
+
+
 def test_supports_refuses_masks_and_dropout_with_reasons() -> None:
     mask = torch.ones(8, 8, dtype=torch.bool).reshape(1, 1, 8, 8)
     assert "attn_mask" in triton_supports(_inputs(attn_mask=mask))

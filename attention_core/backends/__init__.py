@@ -96,6 +96,8 @@ class Backend:
         is_available: ``() -> (ok, reason)``: can this machine run it at all?
         supports: ``(AttentionInputs) -> reason or None``: can it handle these inputs?
         function: name of the implementation function inside ``module``.
+        runs_on: ``(device_type) -> bool``: does it take tensors on this kind of device ("cpu", "cuda")?
+            Every device by default.
     """
 
     name: str
@@ -104,6 +106,7 @@ class Backend:
     is_available: Callable[[], tuple[bool, str]]
     supports: Callable[[AttentionInputs], str | None]
     function: str = "attention"
+    runs_on: Callable[[str], bool] = lambda device_type: True
 
     def load(self) -> Callable[..., torch.Tensor]:
         """Import the implementation (once; Python caches modules) and return its function."""
@@ -148,9 +151,16 @@ def get_backend(name: str) -> Backend:
     return _REGISTRY[name]
 
 
-def available_backends() -> list[str]:
-    """Names of the registered backends this machine can run, in registration order."""
-    return [name for name, b in _REGISTRY.items() if b.is_available()[0]]
+def available_backends(device: torch.device | str | None = None) -> list[str]:
+    """Names of the registered backends this machine can run, in registration order.
+
+    Args:
+        device: if given, only the backends that also take tensors on this kind of device, e.g.
+            ``available_backends("cpu")`` leaves out ``triton`` and ``cuda`` on a GPU machine (they take CUDA
+            tensors), and keeps ``triton`` on a CPU under ``TRITON_INTERPRET=1``.
+    """
+    kind = None if device is None else torch.device(device).type
+    return [name for name, b in _REGISTRY.items() if b.is_available()[0] and (kind is None or b.runs_on(kind))]
 
 
 @contextlib.contextmanager
@@ -278,8 +288,10 @@ from attention_core.backends import fused_checks  # noqa: E402
 register_backend(Backend(
     "triton", "FlashAttention-2 forward and backward in Triton (CUDA; the CPU under TRITON_INTERPRET=1)",
     "attention_core.backends.triton_flash", fused_checks.triton_available, fused_checks.triton_supports,
+    runs_on=fused_checks.triton_runs_on,
 ))
 register_backend(Backend(
     "cuda", "hand-written CUDA C++ flash forward, fp32 rows or tensor cores (WMMA), via load_inline",
     "attention_core.backends.cuda_flash", fused_checks.cuda_available, fused_checks.cuda_supports,
+    runs_on=lambda device_type: device_type == "cuda",
 ))

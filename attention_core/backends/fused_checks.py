@@ -26,6 +26,7 @@ __all__ = [
     "cuda_supports",
     "triton_available",
     "triton_interpreting",
+    "triton_runs_on",
     "triton_supports",
 ]
 
@@ -73,6 +74,11 @@ def triton_available() -> Tuple[bool, str]:
     if (major, minor) < (7, 5):
         return False, f"Triton needs compute capability 7.5 or newer, this GPU is sm_{major}{minor}"
     return True, ""
+
+
+def triton_runs_on(device_type: str) -> bool:
+    """CUDA tensors on a GPU; CPU tensors (only) under ``TRITON_INTERPRET=1``."""
+    return device_type == ("cpu" if triton_interpreting() else "cuda")
 
 
 def triton_supports(inputs: AttentionInputs) -> Optional[str]:
