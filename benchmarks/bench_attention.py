@@ -16,6 +16,8 @@ Two modes:
 
 FLOPs: forward ``4 * B * H * L * S * E`` (two matmuls), halved when causal; forward + backward = 3.5x the
 forward (the backward does 2.5 forward-sized matmul pairs: dV, dP, dQ, dK, and the recomputed scores).
+On a GPU the run also times one large matmul per dtype (the chip's ceiling as this run sees it) and
+stores each point's fraction of it.
 
 Every figure goes to ``benchmarks/results/<device>.json`` with the device name, versions and date, and a
 plot to ``<device>.png``; the table printed last gives each time as a ratio against torch SDPA measured in
@@ -220,6 +222,13 @@ def cpu_peak_in_child(c: Config) -> Optional[float]:
     return float(proc.stdout.strip().splitlines()[-1])
 
 
+def matmul_peak_tflops(dtype: str, n: int = 8192) -> float:
+    """The chip's matmul ceiling as this run sees it: an (n, n) @ (n, n) product of random data, TFLOP/s."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))
+    ms = time_gpu(lambda: a @ b)[0]
+    return 2.0 * n**3 / (ms * 1e-3) / 1e12
+
+
 def gpu_peak(call: Callable[[], object]) -> float:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -418,6 +427,12 @@ def main() -> None:
             print(f"{c.provider:16s} {mode:8s} {dtype:8s} E={E:<4d} causal={causal!s:5s} L={L:<6d} {shown}",
                   flush=True)
     ratios(results)
+    peaks = {}
+    if not cpu:  # the fraction of the measured matmul ceiling, per dtype (the issue asks for it)
+        peaks = {dtype: matmul_peak_tflops(dtype) for dtype in dtypes}
+        for c in results:
+            c.__dict__["fraction_of_matmul_peak"] = (c.tflops / peaks[c.dtype]) if c.tflops else None
+        print("measured matmul peak (TFLOP/s):", {k: round(v, 1) for k, v in peaks.items()})
     print_table(results)
     targets = check_cpu_targets(results) if cpu else []
     for t in targets:
@@ -438,6 +453,7 @@ def main() -> None:
         "memory": "VmHWM - VmRSS of one call in a fresh process (clear_refs reset)" if cpu else
         "torch.cuda.max_memory_allocated - memory_allocated before the call",
         "flops": "fwd 4*B*H*L*S*E (x0.5 causal); fwd+bwd 3.5x fwd",
+        "matmul_peak_tflops": peaks,
     }
     out.write_text(json.dumps({"meta": meta, "targets": targets,
                                "results": [c.__dict__ for c in results]}, indent=1) + "\n")
