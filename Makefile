@@ -56,7 +56,7 @@ test: test-unit test-notebooks test-site
 JOBS ?= 2
 
 test-unit: $(STAMP)
-	$(VENV)/bin/ruff check attention_core tests scripts benchmarks
+	$(VENV)/bin/ruff check attention_core tests scripts benchmarks site
 	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --ignore=tests/browser tests
 
 test-notebooks: $(STAMP)
@@ -78,7 +78,7 @@ serve: $(STAMP)
 	$(PY) -m http.server --bind 127.0.0.1 --directory _build/html 8000
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check attention_core tests scripts benchmarks
+	$(VENV)/bin/ruff check attention_core tests scripts benchmarks site
 
 clean:
 	rm -rf _build

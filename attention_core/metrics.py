@@ -29,9 +29,9 @@ __all__ = [
     "token_accuracy",
 ]
 
-#: Source-length buckets of the book's length experiments: [1, 6), [6, 11), [11, 16), [16, 21), [21, 28).
+#: Source-length buckets of the book's length experiments, [1, 6), [6, 11), [11, 16), [16, 21), [21, 28).
 BUCKET_EDGES = (1, 6, 11, 16, 21, 28)
-#: The fixed test set of chapters 3, 4 and 8: ``NumberWords().sample(TEST_SIZE, TEST_SEED)``.
+#: The fixed test set of chapters 3, 4 and 8 is ``NumberWords().sample(TEST_SIZE, TEST_SEED)``.
 TEST_SIZE, TEST_SEED = 2000, 2024
 
 
@@ -158,9 +158,9 @@ def evaluate_by_bucket(model: Seq2Seq, pairs: Sequence[Pair], edges: Sequence[in
         device: where to run (default: the model's device).
 
     Returns:
-        ``{"edges": [...], "count": n, "exact_match": float, "token_accuracy": float, "buckets": [{"label":
-        "21-27", "low": 21, "high": 28, "count": int, "exact_match": float, "token_accuracy": float}, ...]}``;
-        an empty bucket has NaN scores.
+        dict: ``{"edges": [...], "count": n, "exact_match": float, "token_accuracy": float, "buckets": [...]}``,
+        where a bucket is ``{"label": "21-27", "low": 21, "high": 28, "count": int, "exact_match": float,
+        "token_accuracy": float}``; an empty bucket has NaN scores.
     """
     ev = evaluate(model, pairs, batch_size=batch_size, device=device)
     return {

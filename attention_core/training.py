@@ -59,6 +59,7 @@ __all__ = [
 
 PathLike = Union[str, Path]
 MANIFEST = "manifest.json"
+#: Folder of the shipped checkpoints (package data), with their sha256 manifest.
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 

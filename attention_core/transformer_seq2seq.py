@@ -43,6 +43,7 @@ from attention_core.transformer import (
 )
 
 __all__ = [
+    "TRANSFORMER_DEFAULTS",
     "DecoderOutput",
     "DecoderWeights",
     "Memory",
@@ -413,6 +414,7 @@ class Seq2SeqTransformer(nn.Module):
         return logits, Seq2SeqAttentions(memory.attentions, out.self_attentions, out.cross_attentions)
 
 
+#: The book's default Transformer settings; :func:`build_transformer` fills in whatever a config leaves out.
 TRANSFORMER_DEFAULTS: Dict[str, Any] = {
     "d_model": 64, "num_heads": 4, "num_encoder_layers": 2, "num_decoder_layers": 2, "dim_feedforward": 128,
     "dropout": 0.1, "activation": "gelu", "norm_first": True, "max_len": 64, "seed": 0,

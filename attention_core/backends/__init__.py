@@ -23,10 +23,10 @@ torch       ``torch.nn.functional.scaled_dot_product_…`` yes      yes     no  
 chunked     online softmax over tiles, custom backward   yes      no      no      any device
 triton      FlashAttention-2 forward + backward kernels  yes      no      no      CUDA sm_75+ (bf16: sm_80+);
                                                                                   CPU under ``TRITON_INTERPRET=1``
-cuda        hand-written CUDA C++ forward (two levels)   yes [1]_ no      no      CUDA sm_75+ with nvcc + ninja
+cuda        hand-written CUDA C++ forward (two levels)   yes (a)  no      no      CUDA sm_75+ with nvcc + ninja
 =========== ============================================ ======== ======= ======= ==============================
 
-.. [1] its backward recomputes attention with the eager ``reference`` backend (O(L * S) memory).
+(a) Its backward recomputes attention with the eager ``reference`` backend (O(L * S) memory).
 
 ``triton`` and ``cuda`` take no ``attn_mask`` (``is_causal`` only) and head dims up to 128; asking for them
 where they cannot run, or with inputs they cannot take, raises a ``ValueError`` that says why (answered by
