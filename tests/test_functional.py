@@ -13,7 +13,7 @@ from attention_core import backends
 from attention_core.backends import reference
 from attention_core.functional import attention_with_weights
 
-BACKENDS = ac.available_backends()
+BACKENDS = ac.available_backends("cpu")
 
 
 def test_worked_example_by_hand():

@@ -26,6 +26,7 @@ def test_frame_slider_shows_one_frame_per_value_with_alt_text() -> None:
 
 
 def test_frame_slider_renders_and_closes_figures() -> None:
+    plt.close("all")  # figures other tests left open are not this test's business
     figs = []
     for k in range(2):
         fig, ax = plt.subplots(figsize=(2, 1.5))
@@ -33,7 +34,7 @@ def test_frame_slider_renders_and_closes_figures() -> None:
         figs.append(fig)
     html = static.frame_slider(figs, ["a", "b"], label="k", alt="a line").markup
     assert html.count("data:image/png;base64,") == 2
-    assert not plt.get_fignums(), "rendered figures must be closed"
+    assert not any(plt.fignum_exists(f.number) for f in figs), "rendered figures must be closed"
 
 
 def test_ids_repeat_across_runs_and_differ_across_content() -> None:
