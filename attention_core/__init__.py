@@ -6,7 +6,7 @@ The public names below are the contract; everything else is an implementation de
 
 from attention_core import scoring
 from attention_core.backends import available_backends, get_backend, use_backend
-from attention_core.functional import attention_weights, masked_softmax, scaled_dot_product_attention
+from attention_core.functional import attention_weights, masked_softmax, scaled_dot_product_attention, weights_entropy
 from attention_core.kernel_regression import KERNELS, nadaraya_watson, nadaraya_watson_weights
 from attention_core.masks import (
     causal_mask,
@@ -38,4 +38,5 @@ __all__ = [
     "to_bool_mask",
     "to_torch_mha_mask",
     "use_backend",
+    "weights_entropy",
 ]

@@ -38,7 +38,13 @@ from attention_core._checks import (
 from attention_core.backends import AttentionInputs, resolve_backend
 from attention_core.backends import reference as _reference
 
-__all__ = ["attention_weights", "attention_with_weights", "masked_softmax", "scaled_dot_product_attention"]
+__all__ = [
+    "attention_weights",
+    "attention_with_weights",
+    "masked_softmax",
+    "scaled_dot_product_attention",
+    "weights_entropy",
+]
 
 
 def scaled_dot_product_attention(
@@ -305,3 +311,20 @@ def _mask_to_4d(mask: torch.Tensor, lead: tuple[int, ...], dtype: torch.dtype) -
         return mask.reshape(1, *rest)  # (1, ..., 1, h, L, S) -> (1, h, L, S)
     mask = mask.expand(*lead[:-1], *rest)  # batch dims of the mask broadcast to the output's
     return mask.reshape(math.prod(lead[:-1]), *rest)  # (..., h, L, S) -> (B, h, L, S)
+
+
+def weights_entropy(weights: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each row of attention weights: ``-sum_j w_j log w_j`` over the last dim, 0 log 0 = 0.
+
+    0 when a row puts all its weight on one key, ``log n`` when it spreads evenly over ``n`` keys; a fully
+    masked (all-zero) row gives 0. ``exp`` of it reads as the number of keys a query effectively looks at.
+
+    Args:
+        weights: (..., S) floating, each row a probability distribution (or all zeros).
+
+    Returns:
+        (...) in the weights' dtype.
+    """
+    check_tensor(weights, "weights")
+    check_floating(weights, "weights")
+    return -torch.special.xlogy(weights, weights).sum(-1)  # xlogy(0, 0) = 0: empty keys add nothing

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 
 from attention_core._checks import check_tensor, fmt_shape
 from attention_core.bert import BertEncoder, BertOutput
+from attention_core.functional import weights_entropy
 from attention_core.modules import MultiHeadAttention
 from attention_core.viz import HEATMAP_CMAP, figure_to_png, plot_attention
 
@@ -68,8 +69,7 @@ def attention_entropy(attentions: Sequence[torch.Tensor], attention_mask: torch.
         (N, H) float tensor.
     """
     w = _check_weights(attentions, attention_mask).float()  # (N, B, H, L, L)
-    plogp = torch.where(w > 0, w * w.clamp_min(1e-30).log(), torch.zeros_like(w))
-    ent = -plogp.sum(-1)  # (N, B, H, L): one entropy per query row
+    ent = weights_entropy(w)  # (N, B, H, L, L) -> (N, B, H, L): one entropy per query row
     m = attention_mask.bool().to(w.device)[None, :, None, :]  # (B, L) -> (1, B, 1, L)
     return (ent * m).sum(dim=(1, 3)) / m.sum(dim=(1, 3))  # (N, H)
 

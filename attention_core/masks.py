@@ -210,10 +210,8 @@ def to_torch_mha_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 def from_torch_mha_mask(mask: torch.Tensor) -> torch.Tensor:
-    """``torch.nn.MultiheadAttention``'s convention -> SDPA's (the inverse of :func:`to_torch_mha_mask`)."""
-    check_tensor(mask, "mask")
-    if mask.dtype == torch.bool:
-        return ~mask
-    if mask.is_floating_point():
-        return mask
-    raise TypeError(f"mask must be bool or floating, got dtype {mask.dtype}")
+    """``torch.nn.MultiheadAttention``'s convention -> SDPA's (the inverse of :func:`to_torch_mha_mask`).
+
+    Inverting a bool mask is its own inverse, so this is the same conversion, named for the direction.
+    """
+    return to_torch_mha_mask(mask)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attention_core._checks import check_tensor, fmt_shape
+from attention_core._checks import check_source_batch, fmt_shape
 from attention_core.masks import padding_mask
 from attention_core.rnn_attention import AdditiveAttention, LuongAttention
 from attention_core.seq2seq_data import BOS_ID, EOS_ID, PAD_ID
@@ -229,17 +229,7 @@ class Seq2Seq(nn.Module):
 
     def encode(self, src: torch.Tensor, src_valid_lens: torch.Tensor) -> EncoderOutput:
         """Validate the source and encode it."""
-        check_tensor(src, "src")
-        check_tensor(src_valid_lens, "src_valid_lens")
-        if src.dim() != 2 or src.dtype != torch.long:
-            raise ValueError(f"src must be (B, S) int64 ids, got shape {fmt_shape(src.shape)} dtype {src.dtype}")
-        B, S = src.shape
-        if src_valid_lens.shape != (B,) or src_valid_lens.is_floating_point():
-            raise ValueError(f"src_valid_lens must be (B,) = ({B},) integers, got shape "
-                             f"{fmt_shape(src_valid_lens.shape)} dtype {src_valid_lens.dtype}")
-        if B and (int(src_valid_lens.min()) < 1 or int(src_valid_lens.max()) > S):
-            raise ValueError(f"src_valid_lens must lie in [1, S={S}] (the encoder output has {S} positions), "
-                             f"got {src_valid_lens.tolist()}")
+        check_source_batch(src, src_valid_lens)
         return self.encoder(src, src_valid_lens)
 
     def forward(self, src: torch.Tensor, src_valid_lens: torch.Tensor, tgt_in: torch.Tensor

@@ -18,17 +18,18 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import math
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from attention_core.metrics import BUCKET_EDGES, book_test_set, evaluate_by_bucket
 from attention_core.notebook import progress
@@ -47,9 +48,12 @@ __all__ = [
     "file_sha256",
     "load_checkpoint",
     "load_or_train",
+    "load_or_train_recipe",
     "main",
     "manifest_entry",
     "read_manifest",
+    "recipe_entry",
+    "record_in_manifest",
     "save_checkpoint",
     "sequence_loss",
     "train_and_save",
@@ -145,9 +149,14 @@ def file_sha256(path: PathLike) -> str:
     return digest.hexdigest()
 
 
-def save_checkpoint(model: Seq2Seq, path: PathLike) -> str:
-    """Save the model's config and weights (on the CPU) to ``path``; return the file's sha256."""
-    if not model.config:
+def save_checkpoint(model: nn.Module, path: PathLike) -> str:
+    """Save the model's config and weights (on the CPU) to ``path``; return the file's sha256.
+
+    Any model that carries the config it was built from (``model.config``) can be saved: the RNN models of
+    :func:`~attention_core.seq2seq.build_model` and the Transformer of
+    :func:`~attention_core.transformer_seq2seq.build_transformer`.
+    """
+    if not getattr(model, "config", None):
         raise ValueError("model.config is empty: build the model with build_model(config) to checkpoint it")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     path = Path(path)
@@ -156,8 +165,10 @@ def save_checkpoint(model: Seq2Seq, path: PathLike) -> str:
     return file_sha256(path)
 
 
-def load_checkpoint(path: PathLike, sha256: str, device: Optional[torch.device] = None) -> Seq2Seq:
-    """Verify ``path`` against ``sha256``, then rebuild the model and load its weights (in eval mode).
+def load_checkpoint(path: PathLike, sha256: str, device: Optional[torch.device] = None,
+                    build: Callable[[Dict[str, Any]], nn.Module] = build_model) -> nn.Module:
+    """Verify ``path`` against ``sha256``, then rebuild the model with ``build(config)`` and load its weights
+    (in eval mode). ``build`` is :func:`~attention_core.seq2seq.build_model` for the RNN models.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -169,9 +180,9 @@ def load_checkpoint(path: PathLike, sha256: str, device: Optional[torch.device] 
     seen = file_sha256(path)
     if seen != sha256:
         raise ValueError(f"checkpoint {path} has sha256 {seen}, expected {sha256}: the file is damaged or was "
-                         f"replaced; retrain it with scripts/train_checkpoints.py")
+                         "replaced; retrain it from its recipe")
     blob = torch.load(path, map_location="cpu", weights_only=True)
-    model = build_model(blob["config"])
+    model = build(blob["config"])
     model.load_state_dict(blob["state_dict"])
     return model.to(device or "cpu").eval()
 
@@ -239,25 +250,73 @@ def train_recipe(name: str, device: Optional[torch.device] = None, show_progress
     return model, log
 
 
-def manifest_entry(name: str, model: Seq2Seq, log: TrainLog, sha256: Optional[str], every: int = 25
-                   ) -> Dict[str, Any]:
-    """The manifest record of a trained model: file, checksum, size, time, loss curve and recipe."""
+def recipe_entry(recipe: Any, model: nn.Module, log: TrainLog, sha256: Optional[str], every: int = 25
+                 ) -> Dict[str, Any]:
+    """The manifest record of a model trained from ``recipe`` (a dataclass with a ``name``): file, checksum,
+    size, time, loss curve (means of ``every`` steps) and the recipe itself."""
     return {
-        "file": f"{name}.pt",
+        "file": f"{recipe.name}.pt",
         "sha256": sha256,
         "parameters": count_parameters(model),
         "train_seconds": round(log.seconds, 1),
         "loss_every": every,
         "losses": [round(sum(log.losses[i:i + every]) / len(log.losses[i:i + every]), 4)
                    for i in range(0, len(log.losses), every)],
-        "recipe": asdict(RECIPES[name]),
+        "recipe": asdict(recipe),
     }
 
 
-def read_manifest(directory: PathLike = CHECKPOINT_DIR) -> Dict[str, Any]:
-    """The ``manifest.json`` of a checkpoint folder, or ``{}`` when there is none."""
-    path = Path(directory) / MANIFEST
+def manifest_entry(name: str, model: Seq2Seq, log: TrainLog, sha256: Optional[str], every: int = 25
+                   ) -> Dict[str, Any]:
+    """The manifest record of the book's RNN model ``name`` (a key of :data:`RECIPES`)."""
+    return recipe_entry(RECIPES[name], model, log, sha256, every)
+
+
+def read_manifest(directory: PathLike = CHECKPOINT_DIR, filename: str = MANIFEST) -> Dict[str, Any]:
+    """The manifest (``manifest.json`` unless ``filename`` says otherwise) of a checkpoint folder, or ``{}``."""
+    path = Path(directory) / filename
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def record_in_manifest(directory: PathLike, name: str, entry: Dict[str, Any], filename: str = MANIFEST) -> None:
+    """Set ``name``'s entry in the folder's manifest, under a file lock: several processes may train different
+    recipes into one folder at the same time, and each re-reads the manifest before writing it."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / filename, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read()
+        manifest = json.loads(text) if text.strip() else {}
+        manifest[name] = entry
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+
+
+def load_or_train_recipe(recipe: Any, directory: PathLike, filename: str,
+                         build: Callable[[Dict[str, Any]], nn.Module], train: Callable[[], Tuple[nn.Module, TrainLog]],
+                         retrain: bool, device: Optional[torch.device], how_to_retrain: str
+                         ) -> Tuple[nn.Module, Dict[str, Any]]:
+    """What :func:`load_or_train` and the Transformer's loader share: the checkpoint that the manifest
+    ``filename`` in ``directory`` records for ``recipe.name`` (sha256 verified, rebuilt by ``build``), or,
+    when ``retrain`` or when there is no entry or file, a fresh ``train()`` (not written to disk).
+
+    Raises:
+        TypeError: ``retrain`` is not a bool.
+        ValueError: the checkpoint was trained with another recipe than ``recipe``.
+    """
+    if not isinstance(retrain, bool):
+        raise TypeError(f"retrain must be a bool, got {type(retrain).__name__} {retrain!r}")
+    entry = read_manifest(directory, filename).get(recipe.name)
+    if not retrain and entry is not None and (Path(directory) / entry["file"]).is_file():
+        if entry["recipe"] != asdict(recipe):
+            raise ValueError(f"checkpoint {entry['file']!r} was trained with a recipe that differs from the one "
+                             f"asked for (the manifest records another recipe for {recipe.name!r}); retrain it "
+                             f"with `{how_to_retrain}`")
+        return load_checkpoint(Path(directory) / entry["file"], entry["sha256"], device, build=build), entry
+    model, log = train()
+    return model, recipe_entry(recipe, model, log, sha256=None)
 
 
 def load_or_train(name: str, directory: PathLike = CHECKPOINT_DIR, retrain: bool = False,
@@ -279,38 +338,22 @@ def load_or_train(name: str, directory: PathLike = CHECKPOINT_DIR, retrain: bool
     """
     if name not in RECIPES:
         raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
-    entry = read_manifest(directory).get(name)
-    if not retrain and entry is not None and (Path(directory) / entry["file"]).is_file():
-        if entry["recipe"] != asdict(RECIPES[name]):
-            raise ValueError(f"checkpoint {name!r} was trained with a recipe that differs from RECIPES[{name!r}]; "
-                             f"retrain it with `python -m attention_core.training {name}`")
-        return load_checkpoint(Path(directory) / entry["file"], entry["sha256"], device), entry
-    model, log = train_recipe(name, device)
-    return model, manifest_entry(name, model, log, sha256=None)
+    return load_or_train_recipe(RECIPES[name], directory, MANIFEST, build_model, lambda: train_recipe(name, device),
+                                retrain, device, f"python -m attention_core.training {name}")
 
 
 def train_and_save(names: Sequence[str], directory: PathLike = CHECKPOINT_DIR, show_progress: bool = True) -> None:
     """Train each recipe in ``names``, save ``<name>.pt`` in ``directory`` and record it in the manifest.
 
-    The manifest is re-read and updated under a file lock after each model, so several processes may train
-    different recipes into one folder at the same time.
+    The manifest is updated under a file lock after each model (:func:`record_in_manifest`), so several
+    processes may train different recipes into one folder at the same time.
     """
-    import fcntl
-
     torch.set_num_threads(1)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     for name in names:
         model, log = train_recipe(name, show_progress=show_progress)
         sha = save_checkpoint(model.cpu(), directory / f"{name}.pt")
-        key = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
-        lock_path = Path(tempfile.gettempdir()) / f"ac-manifest-{key}.lock"
-        with open(lock_path, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            manifest = read_manifest(directory)
-            manifest[name] = manifest_entry(name, model, log, sha)
-            text = json.dumps(dict(sorted(manifest.items())), indent=1) + "\n"
-            (directory / MANIFEST).write_text(text)
+        record_in_manifest(directory, name, manifest_entry(name, model, log, sha))
         print(f"{name}: {count_parameters(model)} parameters, {log.seconds:.0f} s, final loss "
               f"{sum(log.losses[-50:]) / len(log.losses[-50:]):.4f}, sha256 {sha[:12]}...", flush=True)
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import check_bool_flag, check_positive_int, check_source_batch, check_tensor, fmt_shape
 from attention_core.masks import padding_mask
 from attention_core.modules import MultiHeadAttention
 from attention_core.positional import SinusoidalPositionalEncoding
@@ -382,16 +382,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def encode(self, src: torch.Tensor, src_valid_lens: torch.Tensor, need_weights: bool = False) -> Memory:
         """Validate and encode (B, S) source ids whose first ``src_valid_lens[b]`` entries are real."""
-        check_tensor(src, "src")
-        check_tensor(src_valid_lens, "src_valid_lens")
-        if src.dim() != 2 or src.dtype != torch.long:
-            raise ValueError(f"src must be (B, S) int64 ids, got shape {fmt_shape(src.shape)} dtype {src.dtype}")
-        B, S = src.shape
-        if src_valid_lens.shape != (B,) or src_valid_lens.is_floating_point():
-            raise ValueError(f"src_valid_lens must be (B,) = ({B},) integers, got shape "
-                             f"{fmt_shape(src_valid_lens.shape)} dtype {src_valid_lens.dtype}")
-        if B and (int(src_valid_lens.min()) < 1 or int(src_valid_lens.max()) > S):
-            raise ValueError(f"src_valid_lens must lie in [1, S={S}], got {src_valid_lens.tolist()}")
+        _, S = check_source_batch(src, src_valid_lens)
         mask = padding_mask(src_valid_lens, S)  # (B, S)
         out = self.encoder(self.src_embed(src), key_padding_mask=mask, need_weights=need_weights)
         return Memory(out.last_hidden_state, mask, out.attentions)

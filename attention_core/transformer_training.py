@@ -13,17 +13,22 @@ and trains from the recipe instead when asked (``retrain=True``) or when the fil
 
 from __future__ import annotations
 
-import fcntl
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from attention_core.seq2seq import count_parameters
 from attention_core.seq2seq_data import NumberWords
-from attention_core.training import TrainLog, file_sha256, train_seq2seq
+from attention_core.training import (
+    TrainLog,
+    load_checkpoint,
+    load_or_train_recipe,
+    recipe_entry,
+    record_in_manifest,
+    save_checkpoint,
+    train_seq2seq,
+)
 from attention_core.transformer_seq2seq import Seq2SeqTransformer, build_transformer
 
 __all__ = [
@@ -102,41 +107,14 @@ def train_transformer(recipe: TransformerRecipe = TRANSFORMER_RECIPE, device: Op
     return model, log
 
 
-def _entry(model: Seq2SeqTransformer, log: TrainLog, recipe: TransformerRecipe, sha256: Optional[str],
-           every: int = 25) -> Dict[str, Any]:
-    losses = log.losses
-    return {
-        "file": f"{recipe.name}.pt",
-        "sha256": sha256,
-        "parameters": count_parameters(model),
-        "train_seconds": round(log.seconds, 1),
-        "loss_every": every,
-        "losses": [round(sum(losses[i:i + every]) / len(losses[i:i + every]), 4) for i in range(0, len(losses), every)],
-        "recipe": asdict(recipe),
-    }
-
-
 def save_transformer_checkpoint(model: Seq2SeqTransformer, log: TrainLog, directory: PathLike = CHECKPOINT_DIR,
                                 recipe: TransformerRecipe = TRANSFORMER_RECIPE) -> Dict[str, Any]:
     """Write ``<name>.pt`` (config + weights) and its entry in ``transformer_manifest.json``; return the entry."""
     if not isinstance(model, Seq2SeqTransformer) or not model.config:
         raise TypeError("model must be a Seq2SeqTransformer made by build_transformer (it carries its config)")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{recipe.name}.pt"
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save({"format": 1, "config": model.config, "state_dict": state}, path)
-    entry = _entry(model, log, recipe, file_sha256(path))
-    manifest_path = directory / TRANSFORMER_MANIFEST
-    with open(manifest_path, "a+") as f:  # locked: several trainings may finish at the same time
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        text = f.read()
-        manifest = json.loads(text) if text.strip() else {}
-        manifest[recipe.name] = entry
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+    sha = save_checkpoint(model, Path(directory) / f"{recipe.name}.pt")
+    entry = recipe_entry(recipe, model, log, sha)
+    record_in_manifest(directory, recipe.name, entry, TRANSFORMER_MANIFEST)
     return entry
 
 
@@ -148,17 +126,7 @@ def load_transformer_checkpoint(path: PathLike, sha256: str, device: Optional[to
         FileNotFoundError: no file at ``path``.
         ValueError: the file's sha256 differs from ``sha256``.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    seen = file_sha256(path)
-    if seen != sha256:
-        raise ValueError(f"checkpoint {path} has sha256 {seen}, expected {sha256}: the file is damaged or was "
-                         "replaced; retrain it with scripts/train_transformer_checkpoint.py")
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    model = build_transformer(blob["config"])
-    model.load_state_dict(blob["state_dict"])
-    return model.to(device or "cpu").eval()
+    return load_checkpoint(path, sha256, device, build=build_transformer)
 
 
 def load_or_train_transformer(directory: PathLike = CHECKPOINT_DIR, retrain: bool = False,
@@ -173,14 +141,6 @@ def load_or_train_transformer(directory: PathLike = CHECKPOINT_DIR, retrain: boo
         ``(model, entry)``: the model in eval mode and its manifest entry (for a fresh run, one describing it,
         with ``"sha256": None``).
     """
-    if not isinstance(retrain, bool):
-        raise TypeError(f"retrain must be a bool, got {type(retrain).__name__} {retrain!r}")
-    manifest_path = Path(directory) / TRANSFORMER_MANIFEST
-    entry = json.loads(manifest_path.read_text()).get(recipe.name) if manifest_path.is_file() else None
-    if not retrain and entry is not None and (Path(directory) / entry["file"]).is_file():
-        if entry["recipe"] != asdict(recipe):
-            raise ValueError(f"checkpoint {entry['file']!r} was trained with another recipe than the one asked for; "
-                             "retrain it with scripts/train_transformer_checkpoint.py")
-        return load_transformer_checkpoint(Path(directory) / entry["file"], entry["sha256"], device), entry
-    model, log = train_transformer(recipe, device)
-    return model, _entry(model, log, recipe, sha256=None)
+    return load_or_train_recipe(recipe, directory, TRANSFORMER_MANIFEST, build_transformer,
+                                lambda: train_transformer(recipe, device), retrain, device,
+                                f"python scripts/train_transformer_checkpoint.py {recipe.name}")

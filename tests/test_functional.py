@@ -197,3 +197,18 @@ def test_reference_is_the_textbook_formula():
     q, k, v = (torch.randn(2, 3, 4, 5, dtype=torch.float64) for _ in range(3))
     want = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(5), dim=-1) @ v
     torch.testing.assert_close(reference.attention(q, k, v, None, 0.0, False, 5**-0.5, False), want)
+
+
+def test_weights_entropy_bounds_and_formula() -> None:
+    S = 7
+    w = torch.softmax(torch.randn(3, 5, S, dtype=torch.float64), dim=-1)  # (3, 5, S), rows sum to 1
+    h = ac.weights_entropy(w)
+    assert h.shape == (3, 5)
+    assert torch.allclose(h, -(w * w.log()).sum(-1))
+    assert ((h > 0) & (h < math.log(S))).all()
+    uniform = torch.full((2, S), 1.0 / S, dtype=torch.float64)
+    assert torch.allclose(ac.weights_entropy(uniform), torch.full((2,), math.log(S), dtype=torch.float64))
+    edge = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # one-hot, and a fully masked row
+    assert torch.equal(ac.weights_entropy(edge), torch.zeros(2))  # 0 log 0 = 0: no NaN
+    with pytest.raises(TypeError, match="weights must have a floating-point dtype"):
+        ac.weights_entropy(torch.ones(2, 3, dtype=torch.long))
