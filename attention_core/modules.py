@@ -21,7 +21,7 @@ from attention_core._checks import (
 from attention_core.functional import attention_with_weights, scaled_dot_product_attention
 from attention_core.masks import causal_mask, combine_masks
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["MultiHeadAttention", "kv_cache_bytes"]
 
 
 class MultiHeadAttention(nn.Module):
@@ -217,3 +217,18 @@ class MultiHeadAttention(nn.Module):
                     proj.bias.copy_(b)
                 new.out_proj.bias.copy_(m.out_proj.bias)
         return new.train(m.training)
+
+
+def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, tokens: int, batch: int = 1,
+                   bytes_per_element: int = 2) -> int:
+    """Bytes of the key/value cache a decoder keeps while generating: one key and one value vector per
+    layer, key/value head and token, ``2 * num_layers * num_kv_heads * head_dim * tokens * batch * bytes``.
+
+    Multi-query and grouped-query attention shrink it by ``num_heads / num_kv_heads`` against multi-head
+    attention. ``bytes_per_element`` is 2 for float16/bfloat16, 4 for float32.
+    """
+    sizes = {"num_layers": num_layers, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "tokens": tokens,
+             "batch": batch, "bytes_per_element": bytes_per_element}
+    for name, n in sizes.items():
+        check_positive_int(n, name, allow_zero=name == "tokens")
+    return 2 * num_layers * num_kv_heads * head_dim * tokens * batch * bytes_per_element

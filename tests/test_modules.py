@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import attention_core as ac
+from attention_core.modules import MultiHeadAttention, kv_cache_bytes
 
 D64 = torch.float64
 
@@ -151,3 +152,16 @@ def test_from_torch_keeps_training_mode_and_dropout():
     ours = ac.MultiHeadAttention.from_torch(m)
     assert ours.training and ours.dropout == 0.3
     assert ours.q_proj.weight.dtype == D64
+
+
+def test_kv_cache_bytes_matches_real_cache() -> None:
+    layers, B, T = 3, 2, 5
+    mha = [MultiHeadAttention(32, 8, num_kv_heads=2).half() for _ in range(layers)]
+    x = torch.randn(B, T, 32).half()
+    cache = [t for m in mha for t in (m.k_proj(x), m.v_proj(x))]  # what generation keeps per layer
+    measured = sum(t.numel() * t.element_size() for t in cache)
+    assert measured == kv_cache_bytes(layers, 2, 32 // 8, T, batch=B, bytes_per_element=2)
+    assert kv_cache_bytes(layers, 8, 4, T, batch=B) == 4 * kv_cache_bytes(layers, 2, 4, T, batch=B)  # MHA vs G=4
+    assert kv_cache_bytes(1, 1, 4, 0) == 0
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        kv_cache_bytes(2, 0, 64, 10)
