@@ -16,7 +16,7 @@ from attention_core.masks import (
     to_bool_mask,
     to_torch_mha_mask,
 )
-from attention_core.modules import MultiHeadAttention
+from attention_core.modules import MultiHeadAttention, kv_cache_bytes
 
 __version__ = "0.1.0"
 
@@ -28,6 +28,7 @@ __all__ = [
     "causal_mask",
     "from_torch_mha_mask",
     "get_backend",
+    "kv_cache_bytes",
     "masked_softmax",
     "nadaraya_watson",
     "nadaraya_watson_weights",
