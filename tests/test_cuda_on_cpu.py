@@ -9,9 +9,10 @@ The device code (``csrc/flash_kernels.cuh``), unchanged, is compiled with g++ ag
    E in {16, 64, 80, 128} (E = 80 pads to D = 128), causal and not, grouped-query heads (Hq = 4 over H = 2),
    every input and the output inside guard zones (an out-of-bounds write changes a guard, an out-of-bounds
    read brings a NaN in); plus S = 0 (every row fully masked: zeros), B = 2 with Hq = 3 over H = 1, and level 1
-   in fp16/bf16;
+   in fp16/bf16; level 2 bit-identical under a scrambled WMMA accumulator layout (it must not depend on it);
 3. ThreadSanitizer: the same kernels built with ``-fsanitize=thread`` report no race; copies with one
-   ``__syncthreads`` (or one ``__syncwarp``) removed make it report one, naming the shared array.
+   ``__syncthreads`` removed, or one ``__syncwarp`` replaced by a shuffle (which orders no memory), make it
+   report one, naming the shared array.
 
 Tolerances, |out - ref| <= tol * (1 + |ref|) elementwise: fp32 1e-5; fp16 and bf16 four unit roundoffs of the
 output type (4 * 2^-11 and 4 * 2^-8), since the kernels round P and the output to it.
@@ -249,6 +250,23 @@ def test_more_shapes(library: Path, kernel: tuple) -> None:
         assert err <= TOL[dtype] and not problems, f"L={L} S={S} E={E}: error {err:.2e} {problems}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_level2_does_not_depend_on_the_fragment_layout(library: Path, dtype: torch.dtype) -> None:
+    """WMMA leaves the element-to-lane mapping of a fragment unspecified, and level 2 multiplies its output
+    fragments element by element: built with a scrambled accumulator mapping, it must give the same bits."""
+    scrambled = cuda_on_cpu.build(extra_flags=["-DAC_CPU_WMMA_LAYOUT=1"])
+    g = torch.Generator().manual_seed(5)
+    for L, S, E, is_causal in ((100, 100, 64, True), (15, 70, 80, False)):
+        q = torch.randn(1, 2, L, E, generator=g).to(dtype)
+        k, v = (torch.randn(1, 1, S, E, generator=g).to(dtype) for _ in range(2))
+        outs = []
+        for lib in (library, scrambled):
+            outs.append(torch.full_like(q, float("nan")))
+            cuda_on_cpu.flash_forward_cpu(q, k, v, outs[-1], is_causal=is_causal, scale=E**-0.5, level=2,
+                                          library=lib)
+        assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1]), f"L={L} S={S} E={E}"
+
+
 @pytest.mark.parametrize("kernel", KERNELS, ids=_ids)
 def test_no_keys_gives_zeros(library: Path, kernel: tuple) -> None:
     """S = 0: every query row is fully masked, and the kernel itself (not a Python shortcut) writes zeros."""
@@ -307,22 +325,25 @@ def test_thread_sanitizer_finds_no_race(tsan_program: Path, case: tuple) -> None
     assert run.returncode == 0 and "ThreadSanitizer" not in run.stderr, run.stderr[-6000:]
 
 
-#: (kernel source line to delete, the variable ThreadSanitizer must name)
+#: A barrier line of level 2, what replaces it, and the shared array whose race ThreadSanitizer must then name.
 REMOVED_BARRIERS = {
-    "syncthreads": ("    __syncthreads();  // the K, V tiles are complete\n", "(k_s|v_s)"),
-    "syncwarp": ("    __syncwarp();  // the S strip is complete\n", "s_s"),
+    "syncthreads": ("    __syncthreads();  // the K, V tiles are complete\n", "", "(k_s|v_s)"),
+    # __syncwarp removed, a shuffle in its place: a shuffle moves values, it orders no memory access, so it must
+    # not pass for the missing barrier
+    "syncwarp-as-shuffle": ("    __syncwarp();  // the S strip is complete\n",
+                            "    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1) - INFINITY);\n", "s_s"),
 }
 
 
-@pytest.mark.parametrize("which", sorted(REMOVED_BARRIERS))
+@pytest.mark.parametrize("which", list(REMOVED_BARRIERS))
 def test_thread_sanitizer_sees_a_removed_barrier(which: str) -> None:
     """A copy of the level-2 kernel without one barrier: ThreadSanitizer must report the race it opens, on the
     shared array the barrier protected (so a clean report above means something)."""
-    line, variable = REMOVED_BARRIERS[which]
+    line, replacement, variable = REMOVED_BARRIERS[which]
     source = cuda_kernels.DEVICE_SOURCE
     assert source.count(line) == 1, f"the kernel no longer has the line {line!r}"
     program = cuda_on_cpu.build(program=True, sanitize="thread",
-                                sources={"flash_kernels.cuh": source.replace(line, "")})
+                                sources={"flash_kernels.cuh": source.replace(line, replacement)})
     run = _tsan_run(program, (2, torch.float16, 1, 2, 1, 100, 100, 64, True))
     assert run.returncode == 66 and "WARNING: ThreadSanitizer: data race" in run.stderr, run.stderr[-3000:]
     assert re.search(rf"Location is global '[^']*::{variable}'", run.stderr), run.stderr[-3000:]

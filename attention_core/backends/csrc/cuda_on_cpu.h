@@ -11,9 +11,10 @@
 //   - __syncthreads() is a barrier of the block's threads; __syncwarp() a barrier of the warp's lanes. Both
 //     order memory like their CUDA namesakes (mutex + condition variable: ThreadSanitizer understands them).
 //   - Static __shared__ variables are `static` locals: one object per kernel instantiation, which the one block
-//     that runs at a time owns. Dynamic shared memory is declared with AC_EXTERN_SHARED(type, name) (see
-//     below); it is one arena per launch, filled with 0xFF bytes (NaN as float, half and bfloat16) before each
-//     block, as a GPU gives undefined contents.
+//     that runs at a time owns. They start at zero and keep what the previous block left (a GPU gives undefined
+//     contents): a read before any write is not caught. Dynamic shared memory is declared with
+//     AC_EXTERN_SHARED(type, name) (see below); it is one arena per launch, 128-byte aligned, filled with 0xFF
+//     bytes (NaN as float, half and bfloat16) before each block.
 //   - Warp shuffles and votes (__shfl*_sync, __ballot_sync, __any_sync, __all_sync) exchange values through
 //     the warp, with the lane arithmetic of the CUDA Programming Guide (width included). Only full masks
 //     (every lane of the warp) are emulated; any other mask stops the launch with an error.
@@ -23,7 +24,8 @@
 //   - nvcuda::wmma: fragments, fill_fragment, load_matrix_sync, mma_sync, store_matrix_sync for m16n16k16
 //     (half and bfloat16 operands, float accumulator). The element-to-lane mapping of a fragment is
 //     unspecified on a GPU; here a matrix_a / matrix_b fragment holds its whole tile in every lane and an
-//     accumulator fragment holds 8 of the 256 elements in each lane (lane l: row-major elements l, l + 32, ...).
+//     accumulator fragment holds 8 of the 256 elements in each lane (lane l: row-major elements l, l + 32, ...;
+//     -DAC_CPU_WMMA_LAYOUT=1 scrambles them, to check that a kernel does not depend on the mapping).
 //     Element-wise code over frag.x[0 .. num_elements) between fragments of the same type is therefore
 //     correct here exactly when it is correct on a GPU; code that assumes a particular mapping is not.
 //     mma_sync multiplies exactly (every fp16/bf16 product fits a float) and sums in float, in k order.
@@ -41,8 +43,9 @@
 // What it cannot show: speed, occupancy, register use, shared-memory bank conflicts, coalescing, the real warp
 // scheduler (threads here interleave however the OS schedules them, not in lock-step warps), tensor-core
 // rounding (products are exact, sums float), and memory-model subtleties finer than barriers. Shuffles and
-// votes wait for the whole warp, so they order memory here although they do not on a GPU: a missing
-// __syncwarp between a write and a read that a shuffle separates goes unreported.
+// votes wait for the whole warp, so without ThreadSanitizer they order memory here although they do not on a
+// GPU; under ThreadSanitizer that ordering is hidden from it, so a __syncwarp that a shuffle seems to replace
+// is still reported missing.
 
 #pragma once
 
@@ -278,11 +281,49 @@ inline void warp_sync(const char* op) {
   });
 }
 
+// On a GPU a shuffle or a vote moves register values between lanes but orders no memory access (only __syncwarp
+// and __syncthreads do). The harness implements them with a barrier; under ThreadSanitizer that barrier is hidden
+// from it (and the slots it exchanges through), so a kernel that counts on a shuffle to order memory is reported.
+#if defined(__SANITIZE_THREAD__)
+#define AC_CPU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define AC_CPU_TSAN 1
+#endif
+#endif
+#ifdef AC_CPU_TSAN
+}  // namespace ac_cpu
+extern "C" {
+void AnnotateIgnoreSyncBegin(const char* file, int line);
+void AnnotateIgnoreSyncEnd(const char* file, int line);
+void AnnotateIgnoreReadsBegin(const char* file, int line);
+void AnnotateIgnoreReadsEnd(const char* file, int line);
+void AnnotateIgnoreWritesBegin(const char* file, int line);
+void AnnotateIgnoreWritesEnd(const char* file, int line);
+}
+namespace ac_cpu {
+struct UnorderedExchange {
+  UnorderedExchange() {
+    AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~UnorderedExchange() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+  }
+};
+#else
+struct UnorderedExchange {};
+#endif
+
 // One exchange through the warp: every lane publishes `value`, then reads lane `src`'s (own value if src < 0).
 template <typename T>
 T warp_exchange(T value, int src, const char* op, uint64_t kind) {
   static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable<T>::value, "shuffle of a small POD");
   log_collective(kind);
+  [[maybe_unused]] UnorderedExchange unordered;
   Warp& w = tls_block->warp(warp_id());
   uint64_t bits = 0;
   std::memcpy(&bits, &value, sizeof(T));
@@ -296,14 +337,27 @@ T warp_exchange(T value, int src, const char* op, uint64_t kind) {
 
 // ----------------------------------------------------------------------------------- dynamic shared memory
 
-inline std::vector<unsigned char>& dynamic_arena() {
-  static std::vector<unsigned char> arena;
+// The launch's dynamic shared memory: `bytes` usable from a 128-byte aligned base (a GPU aligns it at least so).
+struct Arena {
+  std::vector<unsigned char> storage;
+  unsigned char* base = nullptr;
+  size_t bytes = 0;
+  void reset(size_t n) {
+    storage.assign(n + 128, 0);
+    const uintptr_t raw = reinterpret_cast<uintptr_t>(storage.data());
+    base = storage.data() + ((128 - raw % 128) % 128);
+    bytes = n;
+  }
+};
+
+inline Arena& dynamic_arena() {
+  static Arena arena;
   return arena;
 }
 
 template <typename T>
 T* dynamic_shared() {
-  return reinterpret_cast<T*>(dynamic_arena().data());
+  return reinterpret_cast<T*>(dynamic_arena().base);
 }
 
 // --------------------------------------------------------------------------------------------------- launch
@@ -319,12 +373,12 @@ bool launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t dynamic_sme
                    std::to_string(grid.x * grid.y * grid.z) + " blocks";
     return false;
   }
-  auto& arena = dynamic_arena();
-  arena.assign(dynamic_smem + 16, 0);
+  Arena& arena = dynamic_arena();
+  arena.reset(dynamic_smem);
   for (unsigned bz = 0; bz < grid.z; ++bz) {
     for (unsigned by = 0; by < grid.y; ++by) {
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        std::memset(arena.data(), 0xFF, arena.size());  // undefined on a GPU: NaN here
+        std::memset(arena.base, 0xFF, arena.bytes);  // undefined on a GPU: NaN here
         Block blk(threads);
         std::vector<std::thread> pool;
         pool.reserve(threads);
@@ -423,6 +477,7 @@ namespace ac_cpu {
 inline unsigned vote(unsigned mask, int predicate, const char* op, uint64_t kind) {
   check_mask(mask, op);
   log_collective(kind);
+  [[maybe_unused]] UnorderedExchange unordered;
   Warp& w = tls_block->warp(warp_id());
   w.slots[lane_id()] = predicate ? 1 : 0;
   warp_sync(op);
@@ -584,7 +639,12 @@ class fragment<matrix_b, M, N, K, T, Layout> {
   static constexpr int num_elements = K * N;
   T x[num_elements];
 };
-// accumulator (M x N, float): lane l holds the row-major elements l, l + 32, l + 64, ... (8 of 256).
+// accumulator (M x N, float): 8 of the 256 elements in each lane. AC_CPU_WMMA_LAYOUT picks which: 0 (default)
+// lane l holds the row-major elements l, l + 32, l + 64, ...; 1 a scrambled bijection (37 e + 11) mod 256 of
+// e = 8 l + i. A kernel that is right for any mapping gives bit-identical results under both.
+#ifndef AC_CPU_WMMA_LAYOUT
+#define AC_CPU_WMMA_LAYOUT 0
+#endif
 template <int M, int N, int K, typename T>
 class fragment<accumulator, M, N, K, T, void> {
   static_assert(M == 16 && N == 16 && K == 16, "the harness emulates m16n16k16 only");
@@ -593,7 +653,10 @@ class fragment<accumulator, M, N, K, T, void> {
  public:
   static constexpr int num_elements = M * N / 32;
   T x[num_elements];
-  static int index(int i) { return ac_cpu::lane_id() + 32 * i; }  // row-major element held in x[i]
+  static int index(int i) {  // the row-major element held in x[i]
+    const int lane = ac_cpu::lane_id();
+    return AC_CPU_WMMA_LAYOUT == 0 ? lane + 32 * i : (37 * (8 * lane + i) + 11) % 256;
+  }
 };
 
 template <typename Use, int M, int N, int K, typename T, typename Layout>
