@@ -179,11 +179,12 @@ def _check_quizzes(page) -> None:
 
 
 def _answer_forms(value: float) -> set:
-    """How an answer would be written out in a page: its text at 3 and 4 significant digits, and integers
-    with and without thousands separators (small integers are skipped: they occur everywhere)."""
+    """How an answer would be written out in a page: at 4 significant digits and in full, and integers of 4 or
+    more digits with and without thousands separators. Shorter forms (2.5, 0.88, 160) occur in any page for
+    other reasons, so they are not searched for."""
     if value == int(value):
-        return {str(int(value)), f"{int(value):,}"} if abs(value) >= 100 else set()
-    return {f"{value:.3g}", f"{value:.4g}", repr(value)}
+        return {str(int(value)), f"{int(value):,}"} if abs(value) >= 1000 else set()
+    return {f for f in (f"{value:.4g}", repr(value)) if len(f.lstrip("-0.").replace(".", "")) >= 3}
 
 
 def _check_answer_boxes(page) -> None:
