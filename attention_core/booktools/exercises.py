@@ -424,8 +424,7 @@ def prove_checker(spec: FunctionSpec, worked: Callable[..., Any], wrong: Callabl
     good, bad = check_function(worked, spec), check_function(wrong, spec)
     assert good.passed, f"the worked solution of {spec.name} fails its own checker:\n{good.message}"
     assert bad.status == "failed", f"the checker of {spec.name} accepts a wrong solution"
-    return (f"{spec.name}: the checker accepts the worked solution ({good.tried} inputs) and rejects a wrong one "
-            f"(caught after {bad.tried} inputs)")
+    return f"{spec.name}: the checker accepts the worked solution and rejects a wrong one"
 
 
 def prove_value_check(exercise: ValueCheck, worked: Any, wrong: Any) -> str:
