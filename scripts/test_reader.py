@@ -30,6 +30,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 path = sys.argv[1]
 nb = nbformat.read(path, as_version=4)
+for cell in nb.cells:  # start clean: after an error, later cells must not show the stored outputs
+    if cell.cell_type == "code":
+        cell.outputs, cell.execution_count = [], None
 client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": sys.argv[2]}})
 start = time.perf_counter()
 try:
