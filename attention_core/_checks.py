@@ -161,14 +161,14 @@ def check_device(device: object, name: str = "device") -> torch.device | None:
     """
     if device is None:
         return None
-    if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
-        raise TypeError(f"{name} must be a torch.device, a str such as 'cpu', or None, got "
+    if not isinstance(device, (str, int, torch.device)) or isinstance(device, bool):
+        raise TypeError(f"{name} must be a torch.device, a str such as 'cpu', an accelerator index or None, got "
                         f"{type(device).__name__} {short_repr(device)}")
     try:
         dev = torch.device(device)
         if dev.type not in ("cpu", "meta"):
             torch.empty(0, device=dev)  # the only reliable "can I allocate there?" across accelerator kinds
-    except (RuntimeError, AssertionError, NotImplementedError) as err:
+    except (RuntimeError, AssertionError, NotImplementedError, OverflowError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"{name} {short_repr(device)} cannot be used on this machine: {reason}") from None
     return dev

@@ -65,8 +65,24 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:
     """``softmax(query @ key^T * scale + mask) @ value``, computed by a chosen backend.
 
+    Non-finite values, the same in every backend: a NaN or +-inf in ``query`` row ``i`` makes output row ``i``
+    NaN (all of its Ev features); one in ``key`` or ``value`` row ``j`` makes NaN every output row that reads key ``j`` (not removed by
+    the mask or ``is_causal``, in that head); a NaN or +inf in a float ``attn_mask`` at ``(i, j)`` makes row
+    ``i`` NaN, while ``-inf`` removes the pair as always. Every other row is computed as usual, and a row that
+    reads no key at all stays zeros, whatever its query holds. Why propagate rather than raise: NaN is the
+    formula's own answer for the rows that read a bad value, so a NaN produced upstream shows up where it
+    matters, in the loss or an ``isfinite`` check, instead of as a plausible zero (torch's fused CPU kernel
+    returns zeros for a NaN query row; the eager backends spread a NaN value into rows that mask its key out,
+    since ``0 * NaN = NaN``); raising would stop a whole batch for one bad row, and ``-inf`` is how a float
+    mask removes a key, not an error. Cost: one ``isfinite`` pass over the inputs, O((L + S) E) against
+    O(L S E) for attention (a device synchronisation on a GPU); only inputs that fail it take the slower path
+    (bad entries zeroed, one (L, S) reduction to find the rows, NaN put back). Gradients then see the bad
+    entries as zeros. Not covered: scores that overflow from finite inputs (``|q.k * scale|`` beyond the
+    dtype's range), where backends still differ.
+
     Args:
-        query: (..., Hq, L, E), floating.
+        query: (..., Hq, L, E), floating, E >= 1; any size may be 0 otherwise (the answer is then empty, or
+            zeros when S = 0).
         key: (..., H, S, E), query's dtype and device.
         value: (..., H, S, Ev), query's dtype and device.
         attn_mask: ``None``; bool (True = the pair takes part); or float, added to the scores (bool, float32
@@ -86,21 +102,6 @@ def scaled_dot_product_attention(
     Raises:
         TypeError, ValueError: a bad argument (the message names it, what was seen and what was expected),
             or a backend that cannot run here or cannot handle these inputs.
-
-    Non-finite values, the same in every backend: a NaN or +-inf in ``query`` row ``i`` makes output row ``i``
-    NaN; one in ``key`` or ``value`` row ``j`` makes NaN every output row that reads key ``j`` (not removed by
-    the mask or ``is_causal``, in that head); a NaN or +inf in a float ``attn_mask`` at ``(i, j)`` makes row
-    ``i`` NaN, while ``-inf`` removes the pair as always. Every other row is computed as usual, and a row that
-    reads no key at all stays zeros, whatever its query holds. Why propagate rather than raise: NaN is the
-    formula's own answer for the rows that read a bad value, so a NaN produced upstream shows up where it
-    matters, in the loss or an ``isfinite`` check, instead of as a plausible zero (torch's fused CPU kernel
-    returns zeros for a NaN query row; the eager backends spread a NaN value into rows that mask its key out,
-    since ``0 * NaN = NaN``); raising would stop a whole batch for one bad row, and ``-inf`` is how a float
-    mask removes a key, not an error. Cost: one ``isfinite`` pass over the inputs, O((L + S) E) against
-    O(L S E) for attention (a device synchronisation on a GPU); only inputs that fail it take the slower path
-    (bad entries zeroed, one (L, S) reduction to find the rows, NaN put back). Gradients then see the bad
-    entries as zeros. Not covered: scores that overflow from finite inputs (``|q.k * scale|`` beyond the
-    dtype's range), where backends still differ.
     """
     check_tensor(value, "value")
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)

@@ -125,7 +125,8 @@ def padding_mask(
     max_len = check_positive_int(max_len, "max_len", allow_zero=True)
     device = check_device(device)
     if isinstance(valid_lens, torch.Tensor):
-        if valid_lens.dim() != 1 or valid_lens.is_floating_point() or valid_lens.dtype == torch.bool:
+        if (valid_lens.dim() != 1 or valid_lens.is_floating_point() or valid_lens.is_complex()
+                or valid_lens.dtype == torch.bool):
             raise ValueError(
                 f"valid_lens must be a 1-D integer tensor (B,), got shape {fmt_shape(valid_lens.shape)} "
                 f"and dtype {valid_lens.dtype}"
