@@ -4,7 +4,7 @@ The policy and the argument for it are in that function's docstring. In short: a
 makes NaN exactly the output rows that read it, in every backend. Each backend is left to compute on clean
 inputs; this module finds the bad entries, zeroes them, and says which rows to turn into NaN afterwards::
 
-    all finite? (one isfinite pass, one synchronisation)  --yes-->  nothing to do (the common case)
+    all finite? (one sum per input, one synchronisation)  --yes-->  nothing to do (the common case)
         | no
         v
     bad rows of q (B, Hq, L), of k and v (B, H, S); pairs the mask or is_causal lets each row read
@@ -34,11 +34,18 @@ class Poison(NamedTuple):
 def all_finite(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None, attn_mask: torch.Tensor | None
 ) -> bool:
-    """No NaN or inf anywhere, except a float mask's -inf (it removes a key); one synchronisation."""
-    checks = [torch.isfinite(t).all() for t in (query, key, value) if t is not None and t.numel()]
+    """No NaN or inf anywhere, except a float mask's -inf (it removes a key); one synchronisation.
+
+    A sum is NaN or inf whenever one of its terms is, and it is one reduction with nothing allocated (an
+    ``isfinite`` tensor costs several times more). A finite tensor whose sum overflows only sends the call
+    down the slower path, which then finds nothing to do.
+    """
+    sums = [t.sum(dtype=torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None)
+            for t in (query, key, value) if t is not None and t.numel()]
+    ok = torch.isfinite(torch.stack(sums)).all() if sums else torch.ones((), dtype=torch.bool)
     if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.numel():
-        checks.append((attn_mask < math.inf).all())  # False for NaN and +inf
-    return not checks or bool(torch.stack(checks).all())
+        ok = ok & (attn_mask.amax() < math.inf)  # amax propagates NaN; NaN < inf and inf < inf are False
+    return bool(ok)
 
 
 def clean_and_poison(
@@ -61,6 +68,7 @@ def clean_and_poison(
         reads = attn_mask  # (B?, Hq?, L?, S?)
     else:
         reads = attn_mask != -math.inf
+    reads = reads.expand(*reads.shape[:-1], S)  # a mask of one column broadcasts over S keys, even S = 0
     bad_q = ~torch.isfinite(query).all(-1, keepdim=True)  # (B, Hq, L, 1)
     bad_k = ~torch.isfinite(key).all(-1)  # (B, H, S)
     bad_pair = bad_k.repeat_interleave(group, dim=1)[:, :, None, :]  # (B, H, S) -> (B, Hq, 1, S)

@@ -65,20 +65,20 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:
     """``softmax(query @ key^T * scale + mask) @ value``, computed by a chosen backend.
 
-    Non-finite values, the same in every backend: a NaN or +-inf in ``query`` row ``i`` makes output row ``i``
-    NaN (all of its Ev features); one in ``key`` or ``value`` row ``j`` makes NaN every output row that reads key ``j`` (not removed by
-    the mask or ``is_causal``, in that head); a NaN or +inf in a float ``attn_mask`` at ``(i, j)`` makes row
-    ``i`` NaN, while ``-inf`` removes the pair as always. Every other row is computed as usual, and a row that
-    reads no key at all stays zeros, whatever its query holds. Why propagate rather than raise: NaN is the
-    formula's own answer for the rows that read a bad value, so a NaN produced upstream shows up where it
-    matters, in the loss or an ``isfinite`` check, instead of as a plausible zero (torch's fused CPU kernel
-    returns zeros for a NaN query row; the eager backends spread a NaN value into rows that mask its key out,
-    since ``0 * NaN = NaN``); raising would stop a whole batch for one bad row, and ``-inf`` is how a float
-    mask removes a key, not an error. Cost: one ``isfinite`` pass over the inputs, O((L + S) E) against
-    O(L S E) for attention (a device synchronisation on a GPU); only inputs that fail it take the slower path
-    (bad entries zeroed, one (L, S) reduction to find the rows, NaN put back). Gradients then see the bad
-    entries as zeros. Not covered: scores that overflow from finite inputs (``|q.k * scale|`` beyond the
-    dtype's range), where backends still differ.
+    Non-finite values, the same in every backend: a NaN or +-inf in ``query`` row ``i`` makes output row ``i`` NaN
+    (all of its Ev features); one in ``key`` or ``value`` row ``j`` makes NaN every output row that reads key ``j``
+    (not removed by the mask or ``is_causal``, in that head); a NaN or +inf in a float ``attn_mask`` at ``(i, j)``
+    makes row ``i`` NaN, while ``-inf`` removes the pair as always. Every other row is computed as usual, and a row
+    that reads no key at all stays zeros, whatever its query holds. Why propagate rather than raise: NaN is the
+    formula's own answer for the rows that read a bad value, so a NaN produced upstream shows up where it matters,
+    in the loss or an ``isfinite`` check, instead of as a plausible zero (torch's fused CPU kernel returns zeros for
+    a NaN query row; the eager backends spread a NaN value into rows that mask its key out, since 0 * NaN = NaN);
+    raising would stop a whole batch for one bad row, and ``-inf`` is how a float mask removes a key, not an error.
+    Cost: one sum per input (a reduction that allocates nothing; NaN or inf anywhere makes it non-finite), O((L + S)
+    E) against O(L S E) for attention, and a device synchronisation on a GPU; only inputs that fail it take the
+    slower path (bad entries zeroed, one (L, S) reduction to find the rows, NaN put back). Gradients then see the
+    bad entries as zeros. Not covered: scores that overflow from finite inputs (``|q.k * scale|`` beyond the dtype's
+    range), where backends still differ.
 
     Args:
         query: (..., Hq, L, E), floating, E >= 1; any size may be 0 otherwise (the answer is then empty, or

@@ -113,6 +113,7 @@ def cosine_score(
     _check_pair(query, key, same_dim=True)
     temperature = check_positive_float(temperature, "temperature")
     eps = check_positive_float(eps, "eps")
+    eps = min(eps, torch.finfo(query.dtype).max)  # an eps beyond the dtype's range acts as its largest value
     q = query / query.norm(dim=-1, keepdim=True).clamp_min(eps)  # (..., L, D), unit rows
     k = key / key.norm(dim=-1, keepdim=True).clamp_min(eps)  # (..., S, D), unit rows
     return q @ k.transpose(-2, -1) / temperature  # (..., L, D) @ (..., D, S) -> (..., L, S)

@@ -38,6 +38,7 @@ def _softmax_rows(scores: np.ndarray, reads: np.ndarray) -> np.ndarray:
     return np.where(alive, e / np.where(alive, e.sum(-1, keepdims=True), 1.0), 0.0)
 
 
+@np.errstate(all="ignore")  # NaN and inf in, NaN and inf out: the warnings say nothing
 def attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -85,6 +86,7 @@ def attention(
     return np.where(bad_out[..., None], np.nan, out), weights
 
 
+@np.errstate(all="ignore")  # NaN and inf in, NaN and inf out: the warnings say nothing
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int) -> np.ndarray:
     """Softmax along ``dim`` in IEEE float64: removed entries (mask False or -inf, score -inf) get 0; a row
     with nothing left is zeros; a NaN or +inf that takes part makes its row NaN."""
@@ -105,6 +107,7 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int) ->
     return np.moveaxis(w, -1, dim)
 
 
+@np.errstate(all="ignore")  # NaN and inf in, NaN and inf out: the warnings say nothing
 def nadaraya_watson(queries, keys, values, kernel: str, bandwidth: float, attn_mask) -> tuple[np.ndarray, ...]:
     """Expected ``(weights, out, u2)``; ``u2`` (L, S) lets the caller skip pairs on a kernel's edge."""
     q, k = to64(queries), to64(keys)
@@ -121,6 +124,7 @@ def nadaraya_watson(queries, keys, values, kernel: str, bandwidth: float, attn_m
     return w, w @ to64(values), u2
 
 
+@np.errstate(all="ignore")  # NaN and inf in, NaN and inf out: the warnings say nothing
 def sinusoidal(num_positions: int, d_model: int, base: float) -> np.ndarray:
     pos = np.arange(num_positions, dtype=np.float64)[:, None]
     i = np.arange(d_model // 2, dtype=np.float64)[None, :]
@@ -130,6 +134,7 @@ def sinusoidal(num_positions: int, d_model: int, base: float) -> np.ndarray:
     return table
 
 
+@np.errstate(all="ignore")  # NaN and inf in, NaN and inf out: the warnings say nothing
 def rotary(x: torch.Tensor, positions: np.ndarray, base: float, interleaved: bool) -> np.ndarray:
     """RoPE by the formula: pair ``p`` of the features of row ``m`` turns by ``positions[m] * base^(-2p/E)``."""
     a = to64(x)

@@ -253,6 +253,23 @@ def test_nan_value_entry_poisons_the_whole_row(backend):
     assert torch.isnan(out).all()
 
 
+@pytest.mark.parametrize("backend", ["reference", "chunked", "torch"])
+def test_no_keys_under_a_one_column_mask(backend):
+    """query [[[nan]]], no keys (S = 0), mask [[[True]]] (one column, broadcast over S): NaN after the first
+    version of the policy looked at the mask's own width; the row reads nothing, so zeros (2,000 examples)."""
+    out = ac.scaled_dot_product_attention(torch.tensor([[[NAN]]]), e(1, 0, 1), e(1, 0, 1),
+                                          attn_mask=torch.tensor([[[True]]]), backend=backend)
+    assert out.shape == (1, 1, 1) and (out == 0).all()
+
+
+def test_cosine_eps_beyond_half_range():
+    """eps = 2**63 with float16 inputs: RuntimeError "value cannot be converted to type c10::Half without
+    overflow" (2,000 examples); an eps beyond the dtype's range now acts as its largest value."""
+    out = scoring.cosine_score(torch.ones(1, 2, dtype=torch.float16), torch.ones(1, 2, dtype=torch.float16),
+                               eps=BIG)
+    assert out.dtype == torch.float16 and (out == 0).all()
+
+
 def test_meta_tensors_have_no_values_to_check():
     """Value checks on meta tensors: RuntimeError "Tensor.item() cannot be called on meta tensors"."""
     lens = torch.empty(1, dtype=torch.long, device="meta")
