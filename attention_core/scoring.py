@@ -15,6 +15,8 @@ concat       v^T tanh(W_c [q; k])               W_c, v                          
 
 Pure functions where there is nothing to learn, small ``nn.Module`` subclasses where there is;
 :func:`make_score` builds any of them by name (always as a module, so a model can hold it as a submodule).
+The modules never cast their inputs: query and key must have the parameters' dtype and device (convert the
+input, or the module with ``.to(...)``), else a ``TypeError``/``ValueError`` says which.
 """
 
 from __future__ import annotations

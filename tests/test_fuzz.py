@@ -565,6 +565,7 @@ def mha_calls(draw):
     return m, kw
 
 
+@np.errstate(all="ignore")
 def _mha_oracle(m, kw):
     """Float64 projections, the masks combined as the module documents (bool ones AND-ed, float ones added,
     bool becoming 0/-inf when mixed), attention under the policy, then the output projection."""
