@@ -10,11 +10,12 @@ STAMP := $(VENV)/.installed
 NBVAL := -m pytest -q -p no:cacheprovider --dist loadfile --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help venv site-assets book test test-unit test-notebooks test-site test-reader execute serve lint clean
+.PHONY: help venv site-assets book test test-unit test-notebooks test-site test-reader fuzz execute serve lint clean
 
 help:
 	@echo "make book    build the site into _build/html"
 	@echo "make test    unit + property tests, nbval over every notebook, strict site build"
+	@echo "make fuzz    every public function on 2,000 generated calls each, with the example counts"
 	@echo "make execute re-run every notebook in place (the canonical run whose outputs are committed)"
 	@echo "make test-reader  every chapter in a reader's environment (Colab's versions, no triton, notebook alone)"
 	@echo "make serve   serve _build/html on http://127.0.0.1:8000"
@@ -67,6 +68,13 @@ test-unit: $(STAMP)
 test-notebooks: $(STAMP)
 	$(PY) $(NBVAL) -n $(JOBS) book
 	ATEN_CPU_CAPABILITY=default $(PY) $(NBVAL) -n $(JOBS) book
+
+# The fuzz test at full strength: Hypothesis profile "slow" (2,000 examples per public function, fresh ones on
+# every run; `make test` runs the same file derandomized at 300). Prints, per test, how many examples ran and
+# what they did (answered, raised, compared with the float64 oracle).
+fuzz: $(STAMP)
+	$(NB_ENV) $(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) tests/test_fuzz.py --fuzz-profile=slow \
+		--hypothesis-show-statistics
 
 # A clean strict build, then every page in Chromium (tests/browser); screenshots land in _build/screenshots/.
 test-site: $(STAMP) site-assets

@@ -8,11 +8,26 @@ these *before* any arithmetic, so a bad input never surfaces as a cryptic broadc
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
 
 Shape = Sequence[int]
+
+#: The largest size a tensor dimension can have (torch stores sizes as int64).
+MAX_SIZE = 2**63 - 1
+
+
+def short_repr(x: object, limit: int = 60) -> str:
+    """``repr(x)``, cut to ``limit`` characters (a 400-digit int or a big tensor must not flood a message)."""
+    text = repr(x)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_real(x: object) -> bool:
+    """A real number: int, float or a NumPy scalar, but not a bool (``True`` is an int to Python)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def fmt_shape(shape: Shape) -> str:
@@ -73,22 +88,40 @@ def check_same_device(**tensors: torch.Tensor) -> None:
 
 def check_dropout(p: object, name: str = "dropout_p") -> float:
     """Return ``p`` as a float in ``[0, 1)``; raise otherwise (``p = 1`` would divide by zero)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
-        raise TypeError(f"{name} must be a float in [0, 1), got {type(p).__name__} {p!r}")
+    if not _is_real(p):
+        raise TypeError(f"{name} must be a float in [0, 1), got {type(p).__name__} {short_repr(p)}")
     if not 0.0 <= p < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {p!r}")
+        raise ValueError(f"{name} must be in [0, 1), got {short_repr(p)}")
     return float(p)
+
+
+def check_positive_float(x: object, name: str, *, allow_zero: bool = False) -> float:
+    """Return ``x`` as a float; raise unless it is a finite number > 0 (>= 0 with ``allow_zero``)."""
+    bound = ">= 0" if allow_zero else "> 0"
+    if not _is_real(x):
+        raise TypeError(f"{name} must be a finite float {bound}, got {type(x).__name__} {short_repr(x)}")
+    try:
+        value = float(x)
+    except OverflowError:  # an int beyond float's range
+        value = math.inf
+    if not (math.isfinite(value) and (value > 0 or (allow_zero and value == 0))):
+        raise ValueError(f"{name} must be a finite float {bound}, got {short_repr(x)}")
+    return value
 
 
 def check_scale(scale: object, name: str = "scale") -> float | None:
     """Return ``scale`` as a float (or ``None``); raise unless it is a positive, finite number."""
     if scale is None:
         return None
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"{name} must be a positive float or None, got {type(scale).__name__} {scale!r}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"{name} must be a positive, finite float or None, got {scale!r}")
-    return float(scale)
+    if not _is_real(scale):
+        raise TypeError(f"{name} must be a positive float or None, got {type(scale).__name__} {short_repr(scale)}")
+    try:
+        value = float(scale)
+    except OverflowError:
+        value = math.inf
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive, finite float or None, got {short_repr(scale)}")
+    return value
 
 
 def check_bool_flag(x: object, name: str) -> bool:
@@ -99,13 +132,64 @@ def check_bool_flag(x: object, name: str) -> bool:
 
 
 def check_positive_int(x: object, name: str, allow_zero: bool = False) -> int:
-    """Return ``x`` if it is an int > 0 (or >= 0 with ``allow_zero``); raise otherwise."""
+    """Return ``x`` if it is an int > 0 (or >= 0 with ``allow_zero``) that fits a tensor size; raise otherwise."""
     if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__} {x!r}")
+        raise TypeError(f"{name} must be an int, got {type(x).__name__} {short_repr(x)}")
     if x < 0 or (x == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be {bound}, got {x}")
+        raise ValueError(f"{name} must be {bound}, got {short_repr(x)}")
+    if x > MAX_SIZE:
+        raise ValueError(f"{name} must be at most 2**63 - 1 (the largest tensor size), got {short_repr(x)}")
     return x
+
+
+def check_floating_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
+    """Return ``dtype`` if it is a floating ``torch.dtype``; raise ``TypeError`` otherwise."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"{name} must be a floating torch.dtype (torch.float16, torch.bfloat16, torch.float32 or "
+            f"torch.float64), got {short_repr(dtype)}"
+        )
+    return dtype
+
+
+def check_device(device: object, name: str = "device") -> torch.device | None:
+    """Return ``device`` as a ``torch.device`` (``None`` stays ``None``); raise unless this machine has it.
+
+    ``TypeError`` for something that is not a device at all, ``ValueError`` for a device this machine cannot
+    allocate on (``"cuda"`` without a GPU, ``"mps"`` off a Mac, an unknown name).
+    """
+    if device is None:
+        return None
+    if not isinstance(device, (str, int, torch.device)) or isinstance(device, bool):
+        raise TypeError(f"{name} must be a torch.device, a str such as 'cpu', an accelerator index or None, got "
+                        f"{type(device).__name__} {short_repr(device)}")
+    try:
+        dev = torch.device(device)
+        if dev.type not in ("cpu", "meta"):
+            torch.empty(0, device=dev)  # the only reliable "can I allocate there?" across accelerator kinds
+    except (RuntimeError, AssertionError, NotImplementedError, OverflowError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{name} {short_repr(device)} cannot be used on this machine: {reason}") from None
+    return dev
+
+
+def check_module_input(x: torch.Tensor, name: str, weight: torch.Tensor) -> None:
+    """Raise unless ``x`` has the dtype (``TypeError``) and device (``ValueError``) of a module's ``weight``.
+
+    A module never casts its input: a float64 tensor into a float32 module would silently lose digits, and a
+    float16 one would be silently promoted. Convert one or the other (``x.float()``, ``module.double()``).
+    """
+    check_floating(x, name)
+    if x.dtype != weight.dtype:
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but the module's parameters are {weight.dtype}; convert one of them "
+            f"(e.g. {name}.to({weight.dtype}) or module.to({x.dtype}))"
+        )
+    if x.device != weight.device:
+        raise ValueError(
+            f"{name} is on {x.device} but the module's parameters are on {weight.device}; move one of them"
+        )
 
 
 def broadcast_or_none(*shapes: Shape) -> torch.Size | None:

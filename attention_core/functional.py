@@ -1,8 +1,9 @@
 """Attention as functions: validate at the edge, then dispatch to a backend.
 
 :func:`scaled_dot_product_attention` has the semantics of ``torch.nn.functional.scaled_dot_product_attention``
-(torch 2.13), including its broadcasting of leading dims, plus one promise torch keeps on the CPU and this
-library keeps everywhere: a query row whose keys are all masked gives zeros, never NaN.
+(torch 2.13), including its broadcasting of leading dims, plus two promises kept by every backend: a query row
+whose keys are all masked gives zeros, never NaN; and a NaN or inf in the inputs gives NaN in exactly the
+output rows that read it (the non-finite policy, argued in :func:`scaled_dot_product_attention`).
 
 The layout of one call::
 
@@ -10,9 +11,10 @@ The layout of one call::
         |  _prepare: check types, dtypes, devices, ranks, sizes, flags; broadcast the leading dims
         v
     canonical (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev), mask 4-D      (see attention_core.backends)
+        |  _nonfinite: one isfinite check; only if it fails, zero the bad entries and note the rows they poison
         |  resolve_backend: backend= > use_backend(...) > automatic
         v
-    out (B, Hq, L, Ev)  ->  (..., Hq, L, Ev)
+    out (B, Hq, L, Ev), NaN put back in the poisoned rows  ->  (..., Hq, L, Ev)
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from attention_core._checks import (
     check_scale,
     check_tensor,
     fmt_shape,
+    short_repr,
 )
+from attention_core._nonfinite import Poison, all_finite, clean_and_poison, empty_result
 from attention_core.backends import AttentionInputs, resolve_backend
 from attention_core.backends import reference as _reference
 
@@ -61,8 +65,24 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:
     """``softmax(query @ key^T * scale + mask) @ value``, computed by a chosen backend.
 
+    Non-finite values, the same in every backend: a NaN or +-inf in ``query`` row ``i`` makes output row ``i`` NaN
+    (all of its Ev features); one in ``key`` or ``value`` row ``j`` makes NaN every output row that reads key ``j``
+    (not removed by the mask or ``is_causal``, in that head); a NaN or +inf in a float ``attn_mask`` at ``(i, j)``
+    makes row ``i`` NaN, while ``-inf`` removes the pair as always. Every other row is computed as usual, and a row
+    that reads no key at all stays zeros, whatever its query holds. Why propagate rather than raise: NaN is the
+    formula's own answer for the rows that read a bad value, so a NaN produced upstream shows up where it matters,
+    in the loss or an ``isfinite`` check, instead of as a plausible zero (torch's fused CPU kernel returns zeros for
+    a NaN query row; the eager backends spread a NaN value into rows that mask its key out, since 0 * NaN = NaN);
+    raising would stop a whole batch for one bad row, and ``-inf`` is how a float mask removes a key, not an error.
+    Cost: one sum per input (a reduction that allocates nothing; NaN or inf anywhere makes it non-finite), O((L + S)
+    E) against O(L S E) for attention, and a device synchronisation on a GPU; only inputs that fail it take the
+    slower path (bad entries zeroed, one (L, S) reduction to find the rows, NaN put back). Gradients then see the
+    bad entries as zeros. Not covered: scores that overflow from finite inputs (``|q.k * scale|`` beyond the dtype's
+    range), where backends still differ.
+
     Args:
-        query: (..., Hq, L, E), floating.
+        query: (..., Hq, L, E), floating, E >= 1; any size may be 0 otherwise (the answer is then empty, or
+            zeros when S = 0).
         key: (..., H, S, E), query's dtype and device.
         value: (..., H, S, Ev), query's dtype and device.
         attn_mask: ``None``; bool (True = the pair takes part); or float, added to the scores (bool, float32
@@ -83,14 +103,21 @@ def scaled_dot_product_attention(
         TypeError, ValueError: a bad argument (the message names it, what was seen and what was expected),
             or a backend that cannot run here or cannot handle these inputs.
     """
+    check_tensor(value, "value")
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"backend must be a str or None, got {type(backend).__name__} {backend!r}")
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__} {short_repr(backend)}")
+    out_shape = (*p.lead, p.query.shape[-2], p.value.shape[-1])
+    if math.prod(out_shape) == 0:  # nothing to compute (a 0-sized batch, head, L or Ev): no backend needed
+        return empty_result(out_shape, query, key, value)
+    p, poison = _nonfinite(p, is_causal, query, key, value)
     inputs = AttentionInputs(
         p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa
     )
     out = resolve_backend(backend, inputs).run(inputs)  # (B, Hq, L, Ev)
-    return out.reshape(*p.lead, out.shape[-2], out.shape[-1])  # (B, Hq, L, Ev) -> (..., Hq, L, Ev)
+    if poison is not None:
+        out = out + poison.out  # (B, Hq, L, Ev) + (B, Hq, L, 1): NaN in the poisoned rows, + 0 elsewhere
+    return out.reshape(out_shape)  # (B, Hq, L, Ev) -> (..., Hq, L, Ev)
 
 
 def attention_with_weights(
@@ -106,13 +133,21 @@ def attention_with_weights(
     """Like :func:`scaled_dot_product_attention` (always the reference backend), also returning the weights.
 
     Returns:
-        ``(out, weights)``: (..., Hq, L, Ev) and the softmax weights (..., Hq, L, S) before dropout.
+        ``(out, weights)``: (..., Hq, L, Ev) and the softmax weights (..., Hq, L, S) before dropout. Non-finite
+        inputs follow the policy of :func:`scaled_dot_product_attention` (for the weights, a row is NaN when
+        its query, a key it reads or its float mask entry is not finite).
     """
+    check_tensor(value, "value")
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    L, S, Ev = p.query.shape[-2], p.key.shape[-2], p.value.shape[-1]
+    if math.prod(p.lead) * L == 0:
+        return empty_result((*p.lead, L, Ev), query, key, value), empty_result((*p.lead, L, S), query, key)
+    p, poison = _nonfinite(p, is_causal, query, key, value)
     out, weights = _reference.attention_with_weights(
         p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa
     )
-    L, S, Ev = weights.shape[-2], weights.shape[-1], out.shape[-1]
+    if poison is not None:
+        out, weights = out + poison.out, weights + poison.weights  # NaN in the poisoned rows
     return out.reshape(*p.lead, L, Ev), weights.reshape(*p.lead, L, S)  # (B, Hq, ., .) -> (..., Hq, ., .)
 
 
@@ -132,11 +167,18 @@ def attention_weights(
         attn_mask, is_causal, scale, enable_gqa: as in :func:`scaled_dot_product_attention`.
 
     Returns:
-        (..., Hq, L, S) in the query's dtype; each row sums to 1, or is all 0 when its keys are all masked.
+        (..., Hq, L, S) in the query's dtype; each row sums to 1, or is all 0 when its keys are all masked, or
+        is NaN when it reads a non-finite value (the policy of :func:`scaled_dot_product_attention`).
     """
     p = _prepare(query, key, None, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    L, S = p.query.shape[-2], p.key.shape[-2]
+    if math.prod(p.lead) * L * S == 0:
+        return empty_result((*p.lead, L, S), query, key)
+    p, poison = _nonfinite(p, is_causal, query, key, None)
     weights = _reference.attention_weights(p.query, p.key, p.attn_mask, is_causal, p.scale, enable_gqa)
-    return weights.reshape(*p.lead, weights.shape[-2], weights.shape[-1])  # (B, Hq, L, S) -> (..., Hq, L, S)
+    if poison is not None:
+        weights = weights + poison.weights  # NaN in the poisoned rows
+    return weights.reshape(*p.lead, L, S)  # (B, Hq, L, S) -> (..., Hq, L, S)
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: int = -1) -> torch.Tensor:
@@ -146,8 +188,12 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
     are guarded; see :func:`attention_core.backends.reference.softmax_with_mask` for why ``-inf`` beats
     ``-1e9``. Gradients stay finite everywhere (zero for masked entries and for fully masked rows).
 
+    Non-finite scores follow the formula: an entry removed by the mask (False, or ``-inf`` in a float mask) or
+    equal to ``-inf`` gets weight 0 and is never read, even if its score is NaN; a NaN or ``+inf`` that takes
+    part makes its whole row NaN.
+
     Args:
-        scores: floating tensor of any shape, e.g. (..., L, S).
+        scores: floating tensor with at least one dim, e.g. (..., L, S).
         mask: ``None``; bool, True = keep; or float, added to ``scores`` (cast to its dtype). Must broadcast
             to ``scores.shape``.
         dim: the dimension that sums to 1.
@@ -157,15 +203,21 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
     """
     check_tensor(scores, "scores")
     check_floating(scores, "scores")
-    n = max(scores.dim(), 1)
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -n <= dim < n:
-        raise ValueError(f"dim must be an int in [-{scores.dim()}, {scores.dim()}), got {dim!r}")
+    if scores.dim() == 0:
+        raise ValueError("scores must have at least 1 dim (the one that sums to 1), got a 0-d tensor")
+    n = scores.dim()
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int in [-{n}, {n}), got {type(dim).__name__} {short_repr(dim)}")
+    if not -n <= dim < n:
+        raise ValueError(f"dim must be an int in [-{n}, {n}), got {dim!r}")
     if mask is not None:
         _check_mask_kind(mask, "mask")
         check_same_device(scores=scores, mask=mask)
         check_mask_broadcasts(mask, "mask", scores.shape, "scores.shape")
         if mask.dtype != torch.bool:
             mask = mask.to(scores.dtype)
+            # a removed entry is never read: -inf wins over a NaN or +inf score (scores + mask alone gives NaN)
+            scores, mask = (scores + mask).masked_fill(mask == float("-inf"), float("-inf")), None
     return _reference.softmax_with_mask(scores, mask, dim)
 
 
@@ -219,6 +271,11 @@ def _prepare(
         check_min_rank(t, name, min_rank, layout)
     L, E = query.shape[-2:]
     S = key.shape[-2]
+    if E == 0:
+        raise ValueError(
+            f"query and key must have at least one feature (E >= 1 in dim -1) to be compared: got query "
+            f"{fmt_shape(query.shape)}, key {fmt_shape(key.shape)}"
+        )
     if key.shape[-1] != E:
         raise ValueError(
             f"key's last dim must equal query's (E={E}): got query {fmt_shape(query.shape)}, "
@@ -265,7 +322,7 @@ def _broadcast_lead(named: dict, enable_gqa: bool) -> tuple[int, ...]:
         Hq, H, Hv = query.shape[-3], key.shape[-3], value.shape[-3]
         if H != Hv:
             raise ValueError(f"key and value must have the same number of heads (dim -3): got {shapes}")
-        if Hq % H != 0:
+        if (H == 0 and Hq != 0) or (H != 0 and Hq % H != 0):
             raise ValueError(
                 f"with enable_gqa=True the query heads (Hq={Hq}) must be a multiple of the key/value heads "
                 f"(H={H}): got {shapes}"
@@ -311,6 +368,19 @@ def _mask_to_4d(mask: torch.Tensor, lead: tuple[int, ...], dtype: torch.dtype) -
         return mask.reshape(1, *rest)  # (1, ..., 1, h, L, S) -> (1, h, L, S)
     mask = mask.expand(*lead[:-1], *rest)  # batch dims of the mask broadcast to the output's
     return mask.reshape(math.prod(lead[:-1]), *rest)  # (..., h, L, S) -> (B, h, L, S)
+
+
+def _nonfinite(
+    p: _Prepared, is_causal: bool, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None
+) -> tuple[_Prepared, Poison | None]:
+    """The non-finite policy (see :func:`scaled_dot_product_attention`) on canonical inputs: ``(p, None)``
+    after one check when every input is finite, else the inputs with their bad entries zeroed and the NaN to
+    add to the results. ``query``, ``key``, ``value`` are the user's tensors, checked before any broadcast;
+    the mask is checked after its cast to the query's dtype (a large float32 bias may have become inf)."""
+    if p.query.device.type == "meta" or all_finite(query, key, value, p.attn_mask):
+        return p, None
+    q, k, v, mask, poison = clean_and_poison(p.query, p.key, p.value, p.attn_mask, is_causal)
+    return p._replace(query=q, key=k, value=v, attn_mask=mask), poison
 
 
 def weights_entropy(weights: torch.Tensor) -> torch.Tensor:

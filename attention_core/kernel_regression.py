@@ -16,13 +16,20 @@ or (L, Ev). One-dimensional inputs are single features, so ``(n,)`` and ``(n, 1)
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Tuple, Union
 
 import torch
 from torch import nn
 
-from attention_core._checks import check_floating, check_same_device, check_same_dtype, check_tensor
+from attention_core._checks import (
+    check_floating,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+    short_repr,
+)
 from attention_core.functional import masked_softmax
 
 __all__ = [
@@ -101,7 +108,9 @@ KERNELS: Dict[str, Kernel] = {"gaussian": gaussian, "boxcar": boxcar, "epanechni
 
 def _check_kernel(kernel: object) -> str:
     if not isinstance(kernel, str):
-        raise TypeError(f"kernel must be a str, one of {sorted(KERNELS)}; got {type(kernel).__name__}")
+        raise TypeError(
+            f"kernel must be a str, one of {sorted(KERNELS)}; got {type(kernel).__name__} {short_repr(kernel)}"
+        )
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
     return kernel
@@ -116,13 +125,23 @@ def _check_bandwidth(bandwidth: object) -> None:
             )
         if not bandwidth.is_floating_point():
             raise TypeError(f"bandwidth must have a floating-point dtype, got {bandwidth.dtype}")
+        if bandwidth.device.type == "meta":  # no value to check
+            return
         value = float(bandwidth.detach())
-    elif isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool):
-        value = float(bandwidth)
+        if not (math.isfinite(value) and value > 0.0):
+            raise ValueError(f"bandwidth must be positive and finite, got {value!r}")
+    elif isinstance(bandwidth, numbers.Real) and not isinstance(bandwidth, bool):
+        try:
+            value = float(bandwidth)
+        except OverflowError:  # an int beyond float's range
+            value = math.inf
+        if not (math.isfinite(value) and value > 0.0):
+            raise ValueError(f"bandwidth must be positive and finite, got {short_repr(bandwidth)}")
     else:
-        raise TypeError(f"bandwidth must be a positive float or a 0-d tensor, got {type(bandwidth).__name__}")
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"bandwidth must be positive and finite, got {value!r}")
+        raise TypeError(
+            f"bandwidth must be a positive float or a 0-d tensor, got {type(bandwidth).__name__} "
+            f"{short_repr(bandwidth)}"
+        )
 
 
 def _as_features(x: torch.Tensor, name: str, n_name: str) -> torch.Tensor:
@@ -153,12 +172,13 @@ def _check_inputs(queries: torch.Tensor, keys: torch.Tensor) -> Tuple[torch.Tens
     return q, k
 
 
-def _check_mask(attn_mask: torch.Tensor | None, n_queries: int, n_keys: int) -> None:
+def _check_mask(attn_mask: torch.Tensor | None, queries: torch.Tensor, n_queries: int, n_keys: int) -> None:
     if attn_mask is None:
         return
     check_tensor(attn_mask, "attn_mask")
     if attn_mask.dtype != torch.bool:
         raise TypeError(f"attn_mask must be a bool tensor (True = attend), got {attn_mask.dtype}")
+    check_same_device(queries=queries, attn_mask=attn_mask)
     try:
         ok = torch.broadcast_shapes(attn_mask.shape, (n_queries, n_keys)) == (n_queries, n_keys)
     except RuntimeError:
@@ -171,13 +191,11 @@ def _check_mask(attn_mask: torch.Tensor | None, n_queries: int, n_keys: int) -> 
 
 
 def _check_values(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-    check_tensor(queries, "queries")
-    check_floating(queries, "queries")
+    _check_inputs(queries, keys)
     check_tensor(values, "values")
     check_floating(values, "values")
     if values.dim() not in (1, 2):
         raise ValueError(f"values must be 1-D (S,) or 2-D (S, Ev), got shape {tuple(values.shape)}")
-    check_tensor(keys, "keys")
     if values.shape[0] != keys.shape[0]:
         raise ValueError(
             f"keys and values must hold the same number of entries; got keys {tuple(keys.shape)} "
@@ -218,7 +236,9 @@ def nadaraya_watson_weights(
     kernel = _check_kernel(kernel)
     _check_bandwidth(bandwidth)
     q, k = _check_inputs(queries, keys)
-    _check_mask(attn_mask, q.shape[0], k.shape[0])
+    _check_mask(attn_mask, queries, q.shape[0], k.shape[0])
+    if isinstance(bandwidth, torch.Tensor) and bandwidth.device.type == "meta" != q.device.type:
+        raise ValueError(f"bandwidth is on the meta device (no value) but queries are on {q.device}")
     diff = q.unsqueeze(1) - k.unsqueeze(0)  # (L, 1, d) - (1, S, d) -> (L, S, d)
     sq_dist = diff.pow(2).sum(-1)  # (L, S, d) -> (L, S)
     h = torch.as_tensor(bandwidth, dtype=q.dtype, device=q.device)

@@ -20,7 +20,16 @@ from typing import Union
 
 import torch
 
-from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import (
+    broadcast_or_none,
+    check_bool_flag,
+    check_device,
+    check_floating_dtype,
+    check_positive_int,
+    check_tensor,
+    fmt_shape,
+    short_repr,
+)
 
 __all__ = [
     "causal_mask",
@@ -55,6 +64,8 @@ def causal_mask(L: int, S: int | None = None, *, device: Device = None) -> torch
     """
     L = check_positive_int(L, "L", allow_zero=True)
     S = L if S is None else check_positive_int(S, "S", allow_zero=True)
+    device = check_device(device)
+    _check_numel(L, S)
     return torch.ones(L, S, dtype=torch.bool, device=device).tril()
 
 
@@ -83,6 +94,8 @@ def sliding_window_mask(
     window = check_positive_int(window, "window")
     S = L if S is None else check_positive_int(S, "S", allow_zero=True)
     check_bool_flag(causal, "causal")
+    device = check_device(device)
+    _check_numel(L, S)
     i = torch.arange(L, device=device)[:, None]  # (L,) -> (L, 1)
     j = torch.arange(S, device=device)[None, :]  # (S,) -> (1, S)
     if causal:
@@ -110,8 +123,10 @@ def padding_mask(
         Bool tensor (B, max_len).
     """
     max_len = check_positive_int(max_len, "max_len", allow_zero=True)
+    device = check_device(device)
     if isinstance(valid_lens, torch.Tensor):
-        if valid_lens.dim() != 1 or valid_lens.is_floating_point() or valid_lens.dtype == torch.bool:
+        if (valid_lens.dim() != 1 or valid_lens.is_floating_point() or valid_lens.is_complex()
+                or valid_lens.dtype == torch.bool):
             raise ValueError(
                 f"valid_lens must be a 1-D integer tensor (B,), got shape {fmt_shape(valid_lens.shape)} "
                 f"and dtype {valid_lens.dtype}"
@@ -120,13 +135,25 @@ def padding_mask(
     elif isinstance(valid_lens, (list, tuple)) and all(
         isinstance(n, int) and not isinstance(n, bool) for n in valid_lens
     ):
+        if any(not 0 <= n <= max_len for n in valid_lens):
+            raise ValueError(f"valid_lens must lie in [0, max_len={max_len}], got {short_repr(list(valid_lens))}")
         lens = torch.tensor(list(valid_lens), dtype=torch.long, device=device)
     else:
-        raise TypeError(f"valid_lens must be a list of ints or a 1-D integer tensor, got {valid_lens!r}")
-    if lens.numel() and (int(lens.min()) < 0 or int(lens.max()) > max_len):
-        raise ValueError(f"valid_lens must lie in [0, max_len={max_len}], got {lens.tolist()}")
+        raise TypeError(
+            f"valid_lens must be a list of ints or a 1-D integer tensor, got {short_repr(valid_lens)}"
+        )
+    _check_numel(lens.shape[0], max_len)
+    # a meta tensor has no values to check: its (meta) result has the right shape all the same
+    if lens.numel() and lens.device.type != "meta" and (int(lens.min()) < 0 or int(lens.max()) > max_len):
+        raise ValueError(f"valid_lens must lie in [0, max_len={max_len}], got {short_repr(lens.tolist())}")
     positions = torch.arange(max_len, device=lens.device)  # (S,)
     return positions[None, :] < lens[:, None]  # (1, S) < (B, 1) -> (B, S)
+
+
+def _check_numel(L: int, S: int) -> None:
+    """A (L, S) mask must be a tensor torch can describe: at most 2**63 - 1 elements."""
+    if L * S > 2**63 - 1:
+        raise ValueError(f"L * S = {L} * {S} elements is more than a tensor can hold (2**63 - 1)")
 
 
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
@@ -135,9 +162,18 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     A mix of bool and float masks gives a float mask (the bool ones become 0 / -inf in the float dtype).
     The result has the broadcast shape of the inputs; ``None`` if every input is ``None``.
     """
-    present = [check_tensor(m, f"masks[{i}]") for i, m in enumerate(masks) if m is not None]
-    if not present:
+    named = {f"masks[{i}]": check_tensor(m, f"masks[{i}]") for i, m in enumerate(masks) if m is not None}
+    if not named:
         return None
+    for name, m in named.items():
+        if m.dtype != torch.bool and not m.is_floating_point():
+            raise TypeError(f"{name} must be bool (True = attend) or floating (added), got dtype {m.dtype}")
+    seen = ", ".join(f"{n} {fmt_shape(m.shape)} on {m.device}" for n, m in named.items())
+    if broadcast_or_none(*(m.shape for m in named.values())) is None:
+        raise ValueError(f"masks must broadcast to one shape, got {seen}")
+    if len({m.device for m in named.values()}) > 1:
+        raise ValueError(f"masks must be on one device, got {seen}")
+    present = list(named.values())
     floats = [m for m in present if m.is_floating_point()]
     if not floats:
         out = present[0]
@@ -163,8 +199,7 @@ def to_additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
         Float tensor of ``mask``'s shape.
     """
     check_tensor(mask, "mask")
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    check_floating_dtype(dtype)
     if mask.dtype == torch.bool:
         zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
         return zeros.masked_fill(~mask, float("-inf"))
@@ -187,7 +222,7 @@ def to_bool_mask(mask: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"mask must be bool or floating, got dtype {mask.dtype}")
     removed = mask == float("-inf")
     odd = ~removed & (mask != 0)
-    if bool(odd.any()):
+    if mask.device.type != "meta" and bool(odd.any()):  # a meta tensor has no values to check
         raise ValueError(
             f"mask must hold only 0 and -inf to become a bool mask, got e.g. {mask[odd][:3].tolist()} "
             "(an additive bias has no bool equivalent)"

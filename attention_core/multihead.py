@@ -13,7 +13,11 @@ from torch import nn
 
 from attention_core._checks import (
     check_bool_flag,
+    check_device,
     check_dropout,
+    check_floating_dtype,
+    check_mask_broadcasts,
+    check_module_input,
     check_positive_int,
     check_rank,
     check_tensor,
@@ -40,7 +44,9 @@ class MultiHeadAttention(nn.Module):
         bias: whether the four projections have biases.
         kdim: key input size (default D).
         vdim: value input size (default D).
-        device, dtype: factory arguments for the parameters.
+        device, dtype: factory arguments for the parameters (a floating dtype; default float32). Inputs must
+            then have the parameters' dtype and device: the module never casts them (a float64 input into a
+            float32 module raises ``TypeError`` rather than silently losing digits).
     """
 
     def __init__(
@@ -65,6 +71,8 @@ class MultiHeadAttention(nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})")
         check_bool_flag(bias, "bias")
+        device = check_device(device)
+        dtype = None if dtype is None else check_floating_dtype(dtype)
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.kdim = embed_dim if kdim is None else check_positive_int(kdim, "kdim")
@@ -140,6 +148,7 @@ class MultiHeadAttention(nn.Module):
             check_rank(t, name, (3,), f"(B, N, {width}) (batch-first)")
             if t.shape[-1] != width:
                 raise ValueError(f"{name} must have last dim {width}, got shape {fmt_shape(t.shape)}")
+            check_module_input(t, name, self.q_proj.weight)
         if not query.shape[0] == key.shape[0] == value.shape[0]:
             raise ValueError(
                 f"query, key and value must share the batch size B: got {fmt_shape(query.shape)}, "
@@ -164,12 +173,13 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor | None:
         """One mask broadcastable to (B, Hq, L, S) from the three ways of giving one (None if none given)."""
         if attn_mask is not None:
-            check_tensor(attn_mask, "attn_mask")
+            self._check_mask(attn_mask, "attn_mask", device)
             check_rank(attn_mask, "attn_mask", (2, 3, 4), "(L, S), (B, L, S) or (B, Hq, L, S)")
             if attn_mask.dim() == 3:
                 attn_mask = attn_mask.unsqueeze(1)  # (B, L, S) -> (B, 1, L, S)
+            check_mask_broadcasts(attn_mask, "attn_mask", (B, self.num_heads, L, S), "(B, Hq, L, S)")
         if key_padding_mask is not None:
-            check_tensor(key_padding_mask, "key_padding_mask")
+            self._check_mask(key_padding_mask, "key_padding_mask", device)
             if tuple(key_padding_mask.shape) != (B, S):
                 raise ValueError(
                     f"key_padding_mask must have shape (B, S) = {(B, S)}, "
@@ -181,6 +191,19 @@ class MultiHeadAttention(nn.Module):
         else:
             causal = None
         return combine_masks(attn_mask, key_padding_mask, causal)
+
+    def _check_mask(self, mask: object, name: str, device: torch.device) -> None:
+        """Bool, or float in float32 or the parameters' dtype, on the inputs' device (checked before the masks
+        are combined, so that an error names the mask that caused it)."""
+        check_tensor(mask, name)
+        dtype = self.q_proj.weight.dtype
+        if mask.dtype != torch.bool and mask.dtype not in (torch.float32, dtype):
+            raise TypeError(
+                f"{name} must be bool (True = attend) or float ({torch.float32} or the module's {dtype}), "
+                f"got dtype {mask.dtype}"
+            )
+        if mask.device != device:
+            raise ValueError(f"{name} must be on the device of query ({device}), got {mask.device}")
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:

@@ -29,7 +29,18 @@ from typing import Tuple, Union
 import torch
 from torch import nn
 
-from attention_core._checks import check_dropout, check_floating, check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import (
+    check_bool_flag,
+    check_device,
+    check_dropout,
+    check_floating,
+    check_floating_dtype,
+    check_positive_float,
+    check_positive_int,
+    check_tensor,
+    fmt_shape,
+    short_repr,
+)
 
 __all__ = [
     "LearnedPositionalEmbedding",
@@ -46,10 +57,14 @@ Device = Union[torch.device, str, None]
 
 def _check_base(base: object) -> float:
     if isinstance(base, bool) or not isinstance(base, (int, float)):
-        raise TypeError(f"base must be a float > 1, got {type(base).__name__} {base!r}")
-    if not (math.isfinite(base) and base > 1):
-        raise ValueError(f"base must be a finite float > 1, got {base!r}")
-    return float(base)
+        raise TypeError(f"base must be a float > 1, got {type(base).__name__} {short_repr(base)}")
+    try:
+        value = float(base)
+    except OverflowError:  # an int beyond float's range
+        value = math.inf
+    if not (math.isfinite(value) and value > 1):
+        raise ValueError(f"base must be a finite float > 1, got {short_repr(base)}")
+    return value
 
 
 def _check_even(dim: object, name: str) -> int:
@@ -59,8 +74,8 @@ def _check_even(dim: object, name: str) -> int:
     return dim
 
 
-def _check_offset(offset: object) -> int:
-    return check_positive_int(offset, "offset", allow_zero=True)
+def _check_offset(offset: object, name: str = "offset") -> int:
+    return check_positive_int(offset, name, allow_zero=True)
 
 
 # ------------------------------------------------------------------------------------------- sinusoidal
@@ -93,8 +108,10 @@ def sinusoidal_encoding(
     num_positions = check_positive_int(num_positions, "num_positions", allow_zero=True)
     d_model = _check_even(d_model, "d_model")
     base = _check_base(base)
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    check_floating_dtype(dtype)
+    device = check_device(device)
+    if num_positions * d_model > 2**63 - 1:
+        raise ValueError(f"num_positions * d_model = {num_positions} * {d_model} is more than a tensor can hold")
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (P,) -> (P, 1)
     freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (D/2,)
     angles = pos * freq  # (P, 1) * (D/2,) -> (P, D/2)
@@ -102,12 +119,15 @@ def sinusoidal_encoding(
     return table.reshape(num_positions, d_model).to(device=device, dtype=dtype)  # (P, D/2, 2) -> (P, D)
 
 
-def _check_sequence(x: object, d_model: int, offset: int, max_len: int, kind: str) -> torch.Tensor:
-    """Validate a (B, L, D) input to an additive positional layer with a table of ``max_len`` rows."""
+def _check_sequence(x: object, d_model: int, offset: int, table: torch.Tensor, kind: str) -> torch.Tensor:
+    """Validate a (B, L, D) input to an additive positional layer whose table has ``max_len`` rows."""
+    max_len = table.shape[0]
     check_tensor(x, "x")
     if x.dim() != 3 or x.shape[-1] != d_model:
         raise ValueError(f"x must be (B, L, D) with D = d_model = {d_model}, got shape {fmt_shape(x.shape)}")
     check_floating(x, "x")
+    if x.device != table.device:
+        raise ValueError(f"x is on {x.device} but the {kind} table is on {table.device}; move one of them")
     L = x.shape[1]
     if offset + L > max_len:
         raise ValueError(
@@ -135,7 +155,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.max_len = check_positive_int(max_len, "max_len")
         self.base = _check_base(base)
         self.dropout = nn.Dropout(check_dropout(dropout, "dropout"))
-        self.register_buffer("table", sinusoidal_encoding(max_len, d_model, base), persistent=False)
+        self.register_buffer("table", sinusoidal_encoding(max_len, d_model, self.base), persistent=False)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}, base={self.base:g}"
@@ -148,7 +168,7 @@ class SinusoidalPositionalEncoding(nn.Module):
             offset: position of ``x[:, 0]`` (nonzero when decoding one token at a time).
         """
         offset = _check_offset(offset)
-        x = _check_sequence(x, self.d_model, offset, self.max_len, "sinusoidal")
+        x = _check_sequence(x, self.d_model, offset, self.table, "sinusoidal")
         pe = self.table[offset : offset + x.shape[1]].to(x.dtype)  # (L, D)
         return self.dropout(x + pe)  # (B, L, D) + (L, D) -> (B, L, D)
 
@@ -161,13 +181,16 @@ class LearnedPositionalEmbedding(nn.Module):
             look up, which is this method's known limit).
         d_model: embedding width D.
         dropout: dropout on the sum, in training mode.
-        init_std: standard deviation of the normal initialisation (0.02 as in GPT-2 and BERT).
+        init_std: standard deviation of the normal initialisation (0.02 as in GPT-2 and BERT), >= 0.
     """
 
     def __init__(self, max_len: int, d_model: int, dropout: float = 0.0, init_std: float = 0.02) -> None:
         super().__init__()
         self.max_len = check_positive_int(max_len, "max_len")
         self.d_model = check_positive_int(d_model, "d_model")
+        init_std = check_positive_float(init_std, "init_std", allow_zero=True)
+        if max_len * d_model > 2**63 - 1:
+            raise ValueError(f"max_len * d_model = {max_len} * {d_model} is more than a tensor can hold")
         self.weight = nn.Parameter(torch.empty(max_len, d_model))
         nn.init.normal_(self.weight, std=init_std)
         self.dropout = nn.Dropout(check_dropout(dropout, "dropout"))
@@ -176,10 +199,11 @@ class LearnedPositionalEmbedding(nn.Module):
         return f"max_len={self.max_len}, d_model={self.d_model}"
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """``x + P[offset : offset + L]``: (B, L, D) -> (B, L, D)."""
+        """``x + P[offset : offset + L]``: (B, L, D) -> (B, L, D), in ``x``'s dtype (the table is cast to it,
+        as :class:`SinusoidalPositionalEncoding` does; gradients still reach the float32 table)."""
         offset = _check_offset(offset)
-        x = _check_sequence(x, self.d_model, offset, self.max_len, "learned")
-        return self.dropout(x + self.weight[offset : offset + x.shape[1]])  # (B, L, D) + (L, D)
+        x = _check_sequence(x, self.d_model, offset, self.weight, "learned")
+        return self.dropout(x + self.weight[offset : offset + x.shape[1]].to(x.dtype))  # (B, L, D) + (L, D)
 
 
 # ----------------------------------------------------------------------------------------------- rotary
@@ -198,9 +222,7 @@ def rotary_angles(
     Returns:
         ``(cos, sin)``, float64 tensors (L, E/2) on ``positions``' device.
     """
-    check_tensor(positions, "positions")
-    if positions.dim() != 1:
-        raise ValueError(f"positions must be 1-D (L,), got shape {fmt_shape(positions.shape)}")
+    _check_positions(positions)
     head_dim = _check_even(head_dim, "head_dim")
     base = _check_base(base)
     freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
@@ -208,8 +230,25 @@ def rotary_angles(
     return angles.cos(), angles.sin()
 
 
+def _check_positions(positions: object, L: int | None = None, x: torch.Tensor | None = None) -> torch.Tensor:
+    check_tensor(positions, "positions")
+    if positions.dim() != 1 or (L is not None and positions.shape[0] != L):
+        want = "1-D (L,)" if L is None else f"(L,) = ({L},) for x of shape {fmt_shape(x.shape)}"
+        raise ValueError(f"positions must be {want}, got shape {fmt_shape(positions.shape)}")
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"positions must be integer or floating, got dtype {positions.dtype}")
+    if x is not None and positions.device != x.device:
+        raise ValueError(f"positions must be on the device of x ({x.device}), got {positions.device}")
+    return positions
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """``[x1, x2] -> [-x2, x1]`` on the last dim (halves): the 90-degree turn of every (i, i + E/2) pair."""
+    """``[x1, x2] -> [-x2, x1]`` on the last dim (halves): the 90-degree turn of every (i, i + E/2) pair.
+
+    Args:
+        x: (..., E) floating, E even.
+    """
+    x = _check_rotary_input(x, "x", min_rank=1)
     x1, x2 = x.chunk(2, dim=-1)  # (..., E) -> 2 x (..., E/2)
     return torch.cat([-x2, x1], dim=-1)  # -> (..., E)
 
@@ -225,14 +264,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: 
     return x * cos + rotate_half(x) * sin
 
 
-def _check_rotary_input(x: object, name: str) -> torch.Tensor:
+def _check_rotary_input(x: object, name: str, min_rank: int = 2) -> torch.Tensor:
     check_tensor(x, name)
-    if x.dim() < 2:
-        raise ValueError(f"{name} must have at least 2 dims (..., L, E), got shape {fmt_shape(x.shape)}")
+    if x.dim() < min_rank:
+        layout = "(..., L, E)" if min_rank == 2 else "(..., E)"
+        raise ValueError(f"{name} must have at least {min_rank} dims {layout}, got shape {fmt_shape(x.shape)}")
     check_floating(x, name)
-    if x.shape[-1] % 2:
+    if x.shape[-1] % 2 or x.shape[-1] == 0:
         raise ValueError(
-            f"{name} must have an even last dim E (RoPE rotates features in pairs), "
+            f"{name} must have an even last dim E >= 2 (RoPE rotates features in pairs), "
             f"got shape {fmt_shape(x.shape)}"
         )
     return x
@@ -260,14 +300,12 @@ def apply_rotary(
         Tensor of ``x``'s shape and dtype; the norm of every pair is unchanged.
     """
     x = _check_rotary_input(x, "x")
+    check_bool_flag(interleaved, "interleaved")
     L = x.shape[-2]
     if positions is None:
         positions = torch.arange(L, device=x.device)
     else:
-        check_tensor(positions, "positions")
-        if positions.shape != (L,):
-            raise ValueError(f"positions must be (L,) = ({L},) for x of shape {fmt_shape(x.shape)}, "
-                             f"got shape {fmt_shape(positions.shape)}")
+        _check_positions(positions, L, x)
     cos, sin = rotary_angles(positions, x.shape[-1], base)  # (L, E/2) each
     return _rotate(x, cos.to(x.dtype), sin.to(x.dtype), interleaved)
 
@@ -289,10 +327,10 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = _check_even(head_dim, "head_dim")
         self.max_len = check_positive_int(max_len, "max_len")
         self.base = _check_base(base)
-        if not isinstance(interleaved, bool):
-            raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__} {interleaved!r}")
-        self.interleaved = interleaved
-        cos, sin = rotary_angles(torch.arange(max_len), head_dim, base)
+        self.interleaved = check_bool_flag(interleaved, "interleaved")
+        if max_len * head_dim > 2**63 - 1:
+            raise ValueError(f"max_len * head_dim = {max_len} * {head_dim} is more than a tensor can hold")
+        cos, sin = rotary_angles(torch.arange(max_len), head_dim, self.base)
         self.register_buffer("cos", cos.float(), persistent=False)  # (max_len, E/2)
         self.register_buffer("sin", sin.float(), persistent=False)  # (max_len, E/2)
 
@@ -300,10 +338,10 @@ class RotaryEmbedding(nn.Module):
         return (f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base:g}, "
                 f"interleaved={self.interleaved}")
 
-    def rotate(self, x: torch.Tensor, offset: int = 0, name: str = "x") -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, offset: int = 0, name: str = "x", offset_name: str = "offset") -> torch.Tensor:
         """Rotate (..., L, E) whose first row sits at position ``offset``."""
         x = _check_rotary_input(x, name)
-        offset = _check_offset(offset)
+        offset = _check_offset(offset, offset_name)
         L, E = x.shape[-2:]
         if E != self.head_dim:
             raise ValueError(
@@ -314,6 +352,8 @@ class RotaryEmbedding(nn.Module):
                 f"{name} has sequence length L = {L} (positions {offset} .. {offset + L - 1}) but the rotary "
                 f"table holds max_len = {self.max_len} positions; build it with a larger max_len"
             )
+        if x.device != self.cos.device:
+            raise ValueError(f"{name} is on {x.device} but the rotary table is on {self.cos.device}; move one")
         cos = self.cos[offset : offset + L].to(x.dtype)  # (L, E/2)
         sin = self.sin[offset : offset + L].to(x.dtype)  # (L, E/2)
         return _rotate(x, cos, sin, self.interleaved)
@@ -332,5 +372,6 @@ class RotaryEmbedding(nn.Module):
         Returns:
             ``(query, key)`` rotated, same shapes and dtypes.
         """
-        key_offset = offset if key_offset is None else key_offset
-        return self.rotate(query, offset, "query"), self.rotate(key, key_offset, "key")
+        if key_offset is None:
+            return self.rotate(query, offset, "query"), self.rotate(key, offset, "key")
+        return self.rotate(query, offset, "query"), self.rotate(key, key_offset, "key", "key_offset")

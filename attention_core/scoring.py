@@ -15,6 +15,8 @@ concat       v^T tanh(W_c [q; k])               W_c, v                          
 
 Pure functions where there is nothing to learn, small ``nn.Module`` subclasses where there is;
 :func:`make_score` builds any of them by name (always as a module, so a model can hold it as a submodule).
+The modules never cast their inputs: query and key must have the parameters' dtype and device (convert the
+input, or the module with ``.to(...)``), else a ``TypeError``/``ValueError`` says which.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ from attention_core._checks import (
     broadcast_or_none,
     check_floating,
     check_min_rank,
+    check_module_input,
+    check_positive_float,
     check_positive_int,
     check_same_device,
     check_same_dtype,
     check_scale,
     check_tensor,
     fmt_shape,
+    short_repr,
 )
 
 __all__ = [
@@ -71,9 +76,10 @@ def _check_pair(query: torch.Tensor, key: torch.Tensor, same_dim: bool) -> None:
         )
 
 
-def _check_last_dim(x: torch.Tensor, name: str, expected: int) -> None:
+def _check_last_dim(x: torch.Tensor, name: str, expected: int, weight: torch.Tensor) -> None:
     if x.shape[-1] != expected:
         raise ValueError(f"{name} must have last dim {expected}, got shape {fmt_shape(x.shape)}")
+    check_module_input(x, name, weight)
 
 
 def dot_score(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
@@ -90,6 +96,11 @@ def scaled_dot_score(query: torch.Tensor, key: torch.Tensor, scale: float | None
     """
     _check_pair(query, key, same_dim=True)
     scale = check_scale(scale)
+    if query.shape[-1] == 0:
+        raise ValueError(
+            f"query and key must have at least one feature (D >= 1 in dim -1) for a scaled score: got query "
+            f"{fmt_shape(query.shape)}, key {fmt_shape(key.shape)}"
+        )
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     return query @ key.transpose(-2, -1) * scale  # (..., L, D) @ (..., D, S) -> (..., L, S)
 
@@ -99,10 +110,12 @@ def cosine_score(
 ) -> torch.Tensor:
     """Cosine similarity divided by ``temperature``: (..., L, D), (..., S, D) -> (..., L, S), in [-1/t, 1/t].
 
-    ``eps`` guards zero vectors (their score is 0).
+    ``eps`` (a float > 0) guards zero vectors (their score is 0).
     """
     _check_pair(query, key, same_dim=True)
-    temperature = check_scale(temperature, "temperature")
+    temperature = check_positive_float(temperature, "temperature")
+    eps = check_positive_float(eps, "eps")
+    eps = min(eps, torch.finfo(query.dtype).max)  # an eps beyond the dtype's range acts as its largest value
     q = query / query.norm(dim=-1, keepdim=True).clamp_min(eps)  # (..., L, D), unit rows
     k = key / key.norm(dim=-1, keepdim=True).clamp_min(eps)  # (..., S, D), unit rows
     return q @ k.transpose(-2, -1) / temperature  # (..., L, D) @ (..., D, S) -> (..., L, S)
@@ -131,7 +144,7 @@ class CosineScore(nn.Module):
 
     def __init__(self, temperature: float = 1.0) -> None:
         super().__init__()
-        self.temperature = check_scale(temperature, "temperature")
+        self.temperature = check_positive_float(temperature, "temperature")
 
     def forward(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         return cosine_score(query, key, self.temperature)
@@ -154,8 +167,8 @@ class GeneralScore(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """(..., L, Dq), (..., S, Dk) -> (..., L, S)."""
         _check_pair(query, key, same_dim=False)
-        _check_last_dim(query, "query", self.query_dim)
-        _check_last_dim(key, "key", self.key_dim)
+        _check_last_dim(query, "query", self.query_dim, self.W.weight)
+        _check_last_dim(key, "key", self.key_dim, self.W.weight)
         return query @ self.W(key).transpose(-2, -1)  # (..., L, Dq) @ (..., Dq, S) -> (..., L, S)
 
 
@@ -183,8 +196,8 @@ class AdditiveScore(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """(..., L, Dq), (..., S, Dk) -> (..., L, S)."""
         _check_pair(query, key, same_dim=False)
-        _check_last_dim(query, "query", self.query_dim)
-        _check_last_dim(key, "key", self.key_dim)
+        _check_last_dim(query, "query", self.query_dim, self.W_q.weight)
+        _check_last_dim(key, "key", self.key_dim, self.W_q.weight)
         q = self.W_q(query).unsqueeze(-2)  # (..., L, Dq) -> (..., L, 1, H)
         k = self.W_k(key).unsqueeze(-3)  # (..., S, Dk) -> (..., 1, S, H)
         return self.v(torch.tanh(q + k)).squeeze(-1)  # (..., L, S, H) -> (..., L, S, 1) -> (..., L, S)
@@ -214,8 +227,8 @@ class ConcatScore(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """(..., L, Dq), (..., S, Dk) -> (..., L, S)."""
         _check_pair(query, key, same_dim=False)
-        _check_last_dim(query, "query", self.query_dim)
-        _check_last_dim(key, "key", self.key_dim)
+        _check_last_dim(query, "query", self.query_dim, self.W_c.weight)
+        _check_last_dim(key, "key", self.key_dim, self.W_c.weight)
         W_q, W_k = self.W_c.weight.split([self.query_dim, self.key_dim], dim=1)  # (H, Dq), (H, Dk)
         q = (query @ W_q.T).unsqueeze(-2)  # (..., L, Dq) @ (Dq, H) -> (..., L, 1, H)
         k = (key @ W_k.T).unsqueeze(-3)  # (..., S, Dk) @ (Dk, H) -> (..., 1, S, H)
@@ -250,8 +263,10 @@ def make_score(
     Returns:
         An ``nn.Module`` mapping (query (..., L, Dq), key (..., S, Dk)) to scores (..., L, S).
     """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, one of {sorted(SCORES)}; got {type(name).__name__} {short_repr(name)}")
     if name not in SCORES:
-        raise ValueError(f"unknown score {name!r}; known scores: {sorted(SCORES)}")
+        raise ValueError(f"unknown score name {name!r}; known scores: {sorted(SCORES)}")
     dims = {"query_dim": query_dim, "key_dim": key_dim, "hidden_dim": hidden_dim}
     missing = [d for d in SCORES[name] if dims[d] is None]
     if missing:

@@ -38,7 +38,7 @@ CASES = {
 }
 #: Checks that are not a parity case.
 EXTRA = ["import_is_lazy", "no_keys", "non_contiguous_inputs", "lse_matches_logsumexp", "registry_dispatch",
-         "refuses_bf16_and_masks"]
+         "refuses_bf16_and_masks", "nonfinite_policy"]
 NAMES = list(CASES) + EXTRA
 
 TOL = {"float32": (2e-5, 2e-5), "float16": (4e-3, 1e-2)}  # (forward, backward)
@@ -147,6 +147,20 @@ def run_extra(name: str, seed: int) -> dict:
             refused = str(e)
         ok = err <= 2e-5 and "attn_mask" in refused
         return {"ok": ok, "detail": f"seed={seed} max_err={err:.1e}; with a mask: {refused}"}
+    if name == "nonfinite_policy":  # scaled_dot_product_attention's policy holds for the fused kernel too
+        import attention_core as ac
+
+        q, k, v = (torch.randn(1, 2, 17, 16, generator=g) for _ in range(3))
+        q[0, 0, 3, 1], k[0, 1, 5, 0] = float("nan"), float("inf")
+        out = ac.scaled_dot_product_attention(q, k, v, is_causal=True, backend="triton")
+        ref = ac.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
+                                              backend="reference")
+        rows = torch.isnan(out).any(-1)[0].tolist()  # (2, 17)
+        want = [[i == 3 for i in range(17)], [i >= 5 for i in range(17)]]  # query row 3; rows reading key 5
+        finite = ~torch.isnan(ref)
+        err = _max_err(out[finite], ref[finite])
+        ok = rows == want and torch.equal(torch.isnan(out), torch.isnan(ref)) and err <= 2e-5
+        return {"ok": ok, "detail": f"seed={seed} NaN rows as the policy says: {rows == want}; max_err={err:.1e}"}
     if name == "refuses_bf16_and_masks":
         q = torch.randn(1, 1, 8, 16, dtype=torch.bfloat16)
         try:

@@ -125,7 +125,7 @@ CASES = {
     "dot dims differ": (lambda: scoring.dot_score(torch.randn(2, 3, 4), torch.randn(2, 5, 6)), ValueError,
                         r"query and key must have the same last dim.*query \(2, 3, 4\), key \(2, 5, 6\)"),
     "unknown score": (lambda: scoring.make_score("bilinear"), ValueError,
-                      r"unknown score 'bilinear'; known scores: \['additive'"),
+                      r"unknown score name 'bilinear'; known scores: \['additive'"),
     "score missing dims": (lambda: scoring.make_score("additive", query_dim=4, key_dim=5), ValueError,
                            r"score 'additive' needs query_dim, key_dim, hidden_dim; missing: hidden_dim"),
     "scaled_dot dims": (lambda: scoring.make_score("scaled_dot", query_dim=4, key_dim=5), ValueError,

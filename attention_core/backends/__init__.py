@@ -250,6 +250,8 @@ def _supports_all(inputs: AttentionInputs) -> str | None:
 
 
 def _numpy_supports(inputs: AttentionInputs) -> str | None:
+    if inputs.query.device.type == "meta":
+        return "it computes on the tensors' values, and meta tensors have none"
     if inputs.requires_grad:
         return "it has no autograd (an input requires grad); use 'reference' or 'torch' for gradients"
     if inputs.dropout_p > 0:

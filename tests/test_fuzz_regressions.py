@@ -1,0 +1,296 @@
+"""Every hole tests/test_fuzz.py found (and a few found probing by hand while fixing them), kept as plain tests.
+
+Each entry is the shrunk example, what it did before the fix (in the comment), and what it must do now: raise
+ValueError/TypeError naming the argument, or answer with the documented shape, dtype and values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attention_core as ac
+from attention_core import masks, positional, scoring
+from attention_core.kernel_regression import nadaraya_watson_weights
+
+NAN = float("nan")
+BIG = 2**63  # one past the largest int64: no tensor has a dimension this long
+HUGE = 10**400  # beyond float's range
+
+
+def mha(*args, **kw):
+    torch.manual_seed(0)
+    return ac.MultiHeadAttention(*args, **kw)
+
+
+def e(*shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype)
+
+
+RAISES = {
+    # ------------------------------------------------------------------ scaled_dot_product_attention & co
+    # E = 0 (issue 18): ZeroDivisionError: float division by zero, in every backend
+    "sdpa E=0": (lambda: ac.scaled_dot_product_attention(e(1, 0, 0), e(1, 0, 0), e(1, 0, 1)), ValueError,
+                 r"query and key must have at least one feature \(E >= 1"),
+    "sdpa E=0, issue's shape": (lambda: ac.scaled_dot_product_attention(e(2, 3, 0), e(2, 4, 0), e(2, 4, 5),
+                                                                        backend="numpy"),
+                                ValueError, r"at least one feature \(E >= 1 in dim -1\).*query \(2, 3, 0\)"),
+    "attention_weights E=0": (lambda: ac.attention_weights(e(1, 0, 0), e(1, 0, 0)), ValueError,
+                              r"query and key must have at least one feature"),
+    # value=None went through as if attention_weights had been called: AttributeError inside the backend
+    "sdpa value None": (lambda: ac.scaled_dot_product_attention(e(1, 0, 1), e(1, 0, 1), None, backend="chunked"),
+                        TypeError, r"value must be a torch.Tensor, got NoneType"),
+    # GQA with no key/value head but query heads: ZeroDivisionError (integer modulo by zero)
+    "gqa H=0": (lambda: ac.scaled_dot_product_attention(e(1, 2, 3, 4), e(1, 0, 3, 4), e(1, 0, 3, 4),
+                                                        enable_gqa=True),
+                ValueError, r"query heads \(Hq=2\) must be a multiple of the key/value heads \(H=0\)"),
+    # meta tensors into the numpy backend: NotImplementedError: Cannot copy out of meta tensor
+    "numpy on meta": (lambda: ac.scaled_dot_product_attention(*(torch.empty(1, 2, 3, device="meta"),) * 3,
+                                                              backend="numpy"),
+                      ValueError, r"backend 'numpy' cannot handle these inputs: .*meta"),
+    # OverflowError: int too large to convert to float
+    "scale beyond float": (lambda: ac.attention_weights(e(1, 2, 3), e(1, 2, 3), scale=HUGE), ValueError,
+                           r"scale must be a positive, finite float or None, got 1000"),
+    # IndexError: tuple index out of range
+    "masked_softmax 0-d": (lambda: ac.masked_softmax(torch.tensor(1.5410), dim=0), ValueError,
+                           r"scores must have at least 1 dim"),
+    # ------------------------------------------------------------------------------------------- masks
+    # TypeError from torch.ones naming no argument ("argument 'size' failed to unpack")
+    "causal_mask L beyond int64": (lambda: masks.causal_mask(BIG), ValueError,
+                                   r"L must be at most 2\*\*63 - 1 \(the largest tensor size\)"),
+    # RuntimeError: value cannot be converted to type int64_t without overflow
+    "sliding_window L beyond int64": (lambda: masks.sliding_window_mask(BIG, 1), ValueError, r"L must be at most"),
+    # RuntimeError: value cannot be converted to type int64_t without overflow / OverflowError
+    "padding_mask max_len beyond int64": (lambda: masks.padding_mask([], BIG), ValueError, r"max_len must be at most"),
+    "padding_mask max_len beyond float": (lambda: masks.padding_mask([], HUGE), ValueError,
+                                          r"max_len must be at most"),
+    # NotImplementedError: "min_all" not implemented for 'ComplexFloat' (found at 300 examples per function)
+    "padding_mask complex lens": (lambda: masks.padding_mask(torch.tensor([1.0896 - 0.2075j]), 0), ValueError,
+                                  r"valid_lens must be a 1-D integer tensor \(B,\), got shape \(1,\) and dtype "
+                                  r"torch.complex64"),
+    # RuntimeError: Expected one of cpu, cuda, ... device type at start of device string: nope
+    "padding_mask unknown device": (lambda: masks.padding_mask([], 0, device="nope"), ValueError,
+                                    r"device 'nope' cannot be used on this machine"),
+    # NotImplementedError: Could not run 'aten::empty.memory_format' with arguments from the 'XLA' backend
+    # (and "cuda" on a machine without CUDA: AssertionError: Torch not compiled with CUDA enabled)
+    "causal_mask device without it": (lambda: masks.causal_mask(2, device="xla"), ValueError,
+                                      r"device 'xla' cannot be used on this machine"),
+    # RuntimeError: Cannot access accelerator device when none is available (an int is an accelerator index;
+    # on a GPU machine: invalid device ordinal)
+    "causal_mask device int": (lambda: masks.causal_mask(2, device=99), ValueError,
+                               r"device 99 cannot be used on this machine"),
+    # AttributeError: 'NoneType' object has no attribute 'is_floating_point'
+    "to_additive dtype None": (lambda: masks.to_additive_mask(torch.tensor(0.0), dtype=None), TypeError,
+                               r"dtype must be a floating torch.dtype"),
+    # NotImplementedError: "bitwise_and_cpu" not implemented for 'ComplexFloat'
+    "combine complex": (lambda: masks.combine_masks(torch.tensor(True), torch.tensor(1.0 - 0.2j)), TypeError,
+                        r"masks\[1\] must be bool \(True = attend\) or floating \(added\), got dtype torch.complex64"),
+    # TypeError naming "mask", an argument of to_additive_mask, not of combine_masks
+    "combine uint8": (lambda: masks.combine_masks(torch.tensor(0, dtype=torch.uint8), torch.tensor(0.0)), TypeError,
+                      r"masks\[0\] must be bool"),
+    # RuntimeError: The size of tensor a (3) must match the size of tensor b (4)
+    "combine shapes": (lambda: masks.combine_masks(torch.ones(3, dtype=torch.bool), torch.ones(4, dtype=torch.bool)),
+                       ValueError, r"masks must broadcast to one shape, got masks\[0\] \(3,\) on cpu, masks\[1\]"),
+    # -------------------------------------------------------------------------------- MultiHeadAttention
+    # NotImplementedError: Could not run 'aten::empty.memory_format' with arguments from the 'XLA' backend
+    "mha device without it": (lambda: mha(1, 1, device="xla"), ValueError, r"device 'xla' cannot be used"),
+    # TypeError from torch.empty naming no argument
+    "mha embed_dim beyond int64": (lambda: mha(BIG, 1), ValueError, r"embed_dim must be at most 2\*\*63 - 1"),
+    # RuntimeError: Only Tensors of floating point and complex dtype can require gradients (probed by hand)
+    "mha integer dtype": (lambda: mha(8, 2, dtype=torch.long), TypeError,
+                          r"dtype must be a floating torch.dtype .*got torch.int64"),
+    # float64 input into a float32 module (issue 18): RuntimeError: mat1 and mat2 must have the same dtype
+    "mha float64 input": (lambda: mha(8, 2)(torch.randn(2, 3, 8, dtype=torch.float64)), TypeError,
+                          r"query has dtype torch.float64 but the module's parameters are torch.float32; convert"),
+    "mha float16 input": (lambda: mha(1, 1)(e(0, 0, 1, dtype=torch.float16)), TypeError,
+                          r"query has dtype torch.float16 but the module's parameters are torch.float32"),
+    # RuntimeError: The size of tensor a (0) must match the size of tensor b (2) (combining with the causal mask)
+    "mha mask shape with causal": (lambda: mha(1, 1)(e(0, 0, 1), e(0, 2, 1), attn_mask=e(0, 0, dtype=torch.bool),
+                                                     is_causal=True),
+                                   ValueError, r"attn_mask of shape \(0, 0\) does not broadcast .*\(0, 1, 0, 2\)"),
+    # NotImplementedError: "bitwise_and_cpu" not implemented for 'ComplexFloat'
+    "mha complex mask": (lambda: mha(1, 1)(e(0, 0, 1), attn_mask=e(0, 0, dtype=torch.complex64), is_causal=True),
+                         TypeError, r"attn_mask must be bool .*got dtype torch.complex64"),
+    # RuntimeError: Tensor on device cpu is not on the expected device meta!
+    "mha meta mask": (lambda: mha(1, 1)(e(0, 0, 1), attn_mask=torch.empty(0, 0, device="meta"), is_causal=True),
+                      ValueError, r"attn_mask must be on the device of query \(cpu\), got meta"),
+    # TypeError naming attn_mask, which the caller had not passed (probed by hand)
+    "mha float64 key_padding_mask": (lambda: mha(8, 2)(torch.randn(2, 3, 8), key_padding_mask=e(2, 3,
+                                                                                              dtype=torch.float64)),
+                                     TypeError, r"key_padding_mask must be bool .*got dtype torch.float64"),
+    # ----------------------------------------------------------------------------------------------- scoring
+    # ZeroDivisionError: float division by zero
+    "scaled_dot_score D=0": (lambda: scoring.scaled_dot_score(e(0, 0), e(0, 0)), ValueError,
+                             r"query and key must have at least one feature \(D >= 1"),
+    # TypeError: unsupported operand type(s) for /: 'Tensor' and 'NoneType'
+    "cosine temperature None": (lambda: scoring.cosine_score(e(0, 0), e(0, 0), temperature=None), TypeError,
+                                r"temperature must be a finite float > 0, got NoneType None"),
+    # TypeError: clamp_min() received an invalid combination of arguments
+    "cosine eps None": (lambda: scoring.cosine_score(e(0, 1), e(0, 1), eps=None), TypeError,
+                        r"eps must be a finite float > 0"),
+    # OverflowError: int too large to convert to float
+    "cosine temperature beyond float": (lambda: scoring.cosine_score(e(0, 1), e(0, 1), temperature=HUGE),
+                                        ValueError, r"temperature must be a finite float > 0, got 1000"),
+    # RuntimeError: expected m1 and m2 to have the same dtype, but got: c10::Half != float
+    "general float16 input": (lambda: scoring.GeneralScore(1, 1)(e(0, 1, dtype=torch.float16),
+                                                                e(0, 1, dtype=torch.float16)),
+                              TypeError, r"query has dtype torch.float16 but the module's parameters"),
+    "concat float64 input": (lambda: scoring.ConcatScore(1, 1, 1)(e(0, 1, dtype=torch.float64),
+                                                                 e(0, 1, dtype=torch.float64)),
+                             TypeError, r"query has dtype torch.float64 but the module's parameters"),
+    # TypeError from torch.empty naming no argument
+    "additive hidden_dim beyond int64": (lambda: scoring.AdditiveScore(1, 1, BIG), ValueError,
+                                         r"hidden_dim must be at most"),
+    "general key_dim beyond int64": (lambda: scoring.GeneralScore(1, BIG), ValueError, r"key_dim must be at most"),
+    # ValueError "unknown score None" naming no argument
+    "make_score None": (lambda: scoring.make_score(None), TypeError, r"name must be a str"),
+    # ---------------------------------------------------------------------------------- kernel regression
+    # IndexError: tuple index out of range (values checked against 0-d keys before the keys were checked)
+    "nadaraya_watson 0-d": (lambda: ac.nadaraya_watson(torch.tensor(1.0), torch.tensor(1.0), e(0)), ValueError,
+                            r"queries must be 1-D \(L,\) or 2-D \(L, d\), got shape \(\)"),
+    # RuntimeError: Tensor.item() cannot be called on meta tensors (probed by hand)
+    "nadaraya_watson meta bandwidth": (lambda: ac.nadaraya_watson(e(3), e(4), e(4),
+                                                                  bandwidth=torch.tensor(1.0, device="meta")),
+                                       ValueError, r"bandwidth is on the meta device"),
+    # ValueError naming "mask" and "scores", names internal to masked_softmax (probed by hand)
+    "nadaraya_watson meta mask": (lambda: nadaraya_watson_weights(e(3), e(4), attn_mask=torch.ones(
+        3, 4, dtype=torch.bool, device="meta")), ValueError, r"attn_mask must be on the device of queries"),
+    # OverflowError: int too large to convert to float
+    "bandwidth beyond float": (lambda: ac.nadaraya_watson(e(3), e(4), e(4), bandwidth=HUGE), ValueError,
+                               r"bandwidth must be positive and finite"),
+    # -------------------------------------------------------------------------------------------- positional
+    # AttributeError: 'NoneType' object has no attribute 'is_floating_point'
+    "sinusoidal dtype None": (lambda: positional.sinusoidal_encoding(0, 2, dtype=None), TypeError,
+                              r"dtype must be a floating torch.dtype"),
+    # RuntimeError: Storage size calculation overflowed / IntArrayRef ... cannot be represented as a SymInt
+    "sinusoidal d_model beyond int64": (lambda: positional.sinusoidal_encoding(0, BIG), ValueError,
+                                        r"d_model must be at most"),
+    # OverflowError: int too big to convert
+    "sinusoidal num_positions beyond float": (lambda: positional.sinusoidal_encoding(HUGE, 2), ValueError,
+                                              r"num_positions must be at most"),
+    # RuntimeError: normal expects std >= 0.0, but found std -1
+    "learned init_std negative": (lambda: positional.LearnedPositionalEmbedding(1, 1, init_std=-1), ValueError,
+                                  r"init_std must be a finite float >= 0, got -1"),
+    # TypeError: normal_(): argument 'std' (position 2) must be float, not NoneType
+    "learned init_std None": (lambda: positional.LearnedPositionalEmbedding(1, 1, init_std=None), TypeError,
+                              r"init_std must be a finite float >= 0"),
+    # TypeError from torch.empty naming no argument
+    "learned max_len beyond int64": (lambda: positional.LearnedPositionalEmbedding(BIG, 1), ValueError,
+                                     r"max_len must be at most"),
+    # ValueError naming head_dim, an argument of rotary_angles, not of apply_rotary
+    "apply_rotary E=0": (lambda: positional.apply_rotary(e(0, 0)), ValueError,
+                         r"x must have an even last dim E >= 2 \(RoPE rotates features in pairs\), got shape \(0, 0\)"),
+    # silently accepted: any truthy value meant interleaved (probed by hand)
+    "apply_rotary interleaved str": (lambda: positional.apply_rotary(e(2, 4), interleaved="yes"), TypeError,
+                                     r"interleaved must be a bool, got str 'yes'"),
+    # an answer, after a UserWarning "Casting complex values to real discards the imaginary part" (by hand)
+    "rotary_angles complex positions": (lambda: positional.rotary_angles(torch.zeros(3, dtype=torch.complex64), 4),
+                                        TypeError, r"positions must be integer or floating, got dtype torch.complex64"),
+    # ValueError naming "offset" for a bad key_offset (probed by hand)
+    "rotary key_offset": (lambda: positional.RotaryEmbedding(4)(e(2, 4), e(2, 4), key_offset=-1), ValueError,
+                          r"key_offset must be >= 0, got -1"),
+    # RuntimeError: Tensor on device meta is not on the expected device cpu! (probed by hand)
+    "sinusoidal layer meta input": (lambda: positional.SinusoidalPositionalEncoding(4)(
+        torch.empty(1, 2, 4, device="meta")), ValueError, r"x is on meta but the sinusoidal table is on cpu"),
+    # rotate_half had no checks: a wrong answer for an odd E, RuntimeError for bool or 0-d, AttributeError for
+    # None, ValueError "not enough values to unpack" for E = 1
+    "rotate_half odd E": (lambda: positional.rotate_half(torch.tensor([NAN, -0.2934, -2.1788])), ValueError,
+                          r"x must have an even last dim E >= 2.*got shape \(3,\)"),
+    "rotate_half E=1": (lambda: positional.rotate_half(torch.tensor([1.0])), ValueError,
+                        r"x must have an even last dim"),
+    "rotate_half bool": (lambda: positional.rotate_half(e(0, 2, dtype=torch.bool)), TypeError,
+                         r"x must have a floating-point dtype, got torch.bool"),
+    "rotate_half 0-d": (lambda: positional.rotate_half(torch.tensor(0.0)), ValueError,
+                        r"x must have at least 1 dims \(\.\.\., E\), got shape \(\)"),
+    "rotate_half None": (lambda: positional.rotate_half(None), TypeError, r"x must be a torch.Tensor, got NoneType"),
+}
+
+
+@pytest.mark.parametrize("name", list(RAISES))
+def test_raises_naming_the_argument(name):
+    call, exc, pattern = RAISES[name]
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+# ------------------------------------------------------------------------------------ answers, not errors
+
+
+def test_empty_batch_in_every_backend():
+    """Query/key/value (0, 0, 1): ZeroDivisionError in chunked (and in all backends with GQA); now empty."""
+    for backend in ac.available_backends("cpu"):
+        for gqa in (False, True):
+            out = ac.scaled_dot_product_attention(e(0, 0, 1), e(0, 0, 1), e(0, 0, 1), enable_gqa=gqa,
+                                                  backend=backend)
+            assert out.shape == (0, 0, 1) and out.dtype == torch.float32
+
+
+def test_empty_output_keeps_autograd():
+    q, k, v = (e(0, 2, 3).requires_grad_() for _ in range(3))
+    out = ac.scaled_dot_product_attention(q, k, v)
+    out.sum().backward()
+    assert out.requires_grad and all(t.grad is not None and t.grad.shape == t.shape for t in (q, k, v))
+
+
+def test_torch_backend_nan_query_row():
+    """query [[[nan]]]: the torch backend (torch's fused CPU kernel) returned 0; the policy says NaN."""
+    out = ac.scaled_dot_product_attention(torch.tensor([[[NAN]]]), torch.tensor([[[1.5410]]]),
+                                          torch.tensor([[[1.5410]]]), backend="torch")
+    assert torch.isnan(out).all()
+
+
+def test_torch_backend_nan_query_without_keys():
+    """query [[[nan]]] and no keys (S = 0): torch's kernel returned NaN; a row that reads nothing is zeros."""
+    out = ac.scaled_dot_product_attention(torch.tensor([[[NAN]]]), e(1, 0, 1), e(1, 0, 1), backend="torch")
+    assert out.shape == (1, 1, 1) and (out == 0).all()
+
+
+@pytest.mark.parametrize("backend", ["reference", "numpy", "chunked"])
+def test_nan_value_entry_poisons_the_whole_row(backend):
+    """value [[[nan, -0.29, -2.18]]]: only the first feature was NaN; the policy makes the row NaN."""
+    out = ac.scaled_dot_product_attention(torch.tensor([[[1.5410]]]), torch.tensor([[[1.5410]]]),
+                                          torch.tensor([[[NAN, -0.2934, -2.1788]]]), backend=backend)
+    assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked", "torch"])
+def test_no_keys_under_a_one_column_mask(backend):
+    """query [[[nan]]], no keys (S = 0), mask [[[True]]] (one column, broadcast over S): NaN after the first
+    version of the policy looked at the mask's own width; the row reads nothing, so zeros (2,000 examples)."""
+    out = ac.scaled_dot_product_attention(torch.tensor([[[NAN]]]), e(1, 0, 1), e(1, 0, 1),
+                                          attn_mask=torch.tensor([[[True]]]), backend=backend)
+    assert out.shape == (1, 1, 1) and (out == 0).all()
+
+
+def test_cosine_eps_beyond_half_range():
+    """eps = 2**63 with float16 inputs: RuntimeError "value cannot be converted to type c10::Half without
+    overflow" (2,000 examples); an eps beyond the dtype's range now acts as its largest value."""
+    out = scoring.cosine_score(torch.ones(1, 2, dtype=torch.float16), torch.ones(1, 2, dtype=torch.float16),
+                               eps=BIG)
+    assert out.dtype == torch.float16 and (out == 0).all()
+
+
+def test_meta_tensors_have_no_values_to_check():
+    """Value checks on meta tensors: RuntimeError "Tensor.item() cannot be called on meta tensors"."""
+    lens = torch.empty(1, dtype=torch.long, device="meta")
+    assert masks.padding_mask(lens, 0).shape == (1, 0)
+    assert masks.to_bool_mask(torch.empty((), device="meta", dtype=torch.float16)).device.type == "meta"
+
+
+def test_learned_positions_follow_the_input_dtype():
+    """A float16 input came back float32 (the float32 table promoted it); the table now follows x's dtype,
+    as the sinusoidal one does."""
+    layer = positional.LearnedPositionalEmbedding(4, 2)
+    x = torch.randn(1, 3, 2, dtype=torch.float16)
+    out = layer(x)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out, x + layer.weight[:3].detach().half())
+
+
+def test_numpy_scalars_are_numbers():
+    """np.float32(0.5) as a scale was a TypeError; a NumPy scalar is a number (probed by hand)."""
+    import numpy as np
+
+    q = torch.randn(1, 2, 4)
+    torch.testing.assert_close(ac.scaled_dot_product_attention(q, q, q, scale=np.float32(0.5)),
+                               ac.scaled_dot_product_attention(q, q, q, scale=0.5))
