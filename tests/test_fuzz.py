@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 import attention_core as ac
 from attention_core import masks, positional, scoring
 from attention_core.kernel_regression import nadaraya_watson_weights
-from attention_core.modules import kv_cache_bytes
+from attention_core.multihead import kv_cache_bytes
 
 FUZZ = settings.get_profile(os.environ.get("AC_FUZZ_PROFILE", "fuzz"))
 
