@@ -24,15 +24,18 @@ over the group by the matmul itself.
 How the loops are laid out for speed on a CPU (the arithmetic is the same whatever the layout; the
 measurements are in ``benchmarks/NOTES.md``), as PyTorch's own C++ kernel does:
 
-- **One (batch, kv-head) at a time.** Each tile of scores then belongs to one head and, at the default
-  (256, 512), takes 512 KiB: it stays in the core's L2 cache (1 MiB or more on Intel Xeons since Skylake-SP
-  and AMD EPYCs since Zen 4) during the four passes over it (max, subtract, exp2, sum) and the P @ V product.
-  A tile of all eight heads at once would be 4 MiB, and every pass would stream it from the slower L3.
-  Short sequences, whose tiles are small, stack several heads in one step instead, so that every round of
-  Python calls still moves a full tile's worth of numbers.
+- **One (batch, kv-head) at a time** (one per torch thread). Each tile of scores then belongs to one head
+  and, at the default (256, 512), takes 512 KiB: it stays in the core's L2 cache (1 MiB or more on Intel
+  Xeons since Skylake-SP and AMD EPYCs since Zen 4) during the four passes over it (max, subtract, exp2,
+  sum) and the P @ V product. A tile of all eight heads at once would be 4 MiB, and every pass would stream
+  it from the slower L3. With several threads, each operation splits its work head by head, so every
+  thread's tile stays in its own core's cache. Short sequences, whose tiles are small, stack more heads in
+  one step, so that every round of Python calls still moves a full tile's worth of numbers.
 - **No allocation inside the loops.** The tile's buffers are allocated once per call and every operation
   writes into them (``out=``, in-place ``sub_``, ``exp2_``, ``baddbmm_``): each tile lands in memory the
   previous tile just used, which is still in cache, and the allocator stays out of the inner loop.
+- **Causal tiles end at the diagonal.** A query tile visits the key tiles up to its own last row, and the
+  one tile the diagonal crosses takes its mask as a slice of one band made once per call.
 
 Layout, as in the Triton tutorial: tile loops -> launcher (validate, allocate) -> ``torch.autograd.Function``
 -> public function. Dropout is not supported (the registry says so before a call gets here).
@@ -47,10 +50,10 @@ from torch.autograd.function import once_differentiable
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "POISON_OUTPUTS", "attention", "chunked_attention"]
 
-#: Default tile sizes (PyTorch's CPU kernel uses the same ones). A (256, 512) float32 tile of scores is
-#: 512 KiB, half of a 1 MiB L2 cache, which leaves room for the tile's inputs: 256 queries (64 KiB at E = 64),
-#: 512 keys and 512 values (128 KiB each), and the running output (64 KiB). Fewer rows make the matrix
-#: products less efficient (the library packs each K and V tile once per product, whatever its row count).
+#: Default tile sizes, the ones PyTorch's CPU kernel uses for long sequences. A (256, 512) float32 tile of
+#: scores is 512 KiB, half of a 1 MiB L2 cache, which leaves room for the tile's inputs: 256 queries (64 KiB
+#: at E = 64), 512 keys and 512 values (128 KiB each), and the running output (64 KiB). Fewer query rows make
+#: the matrix products less efficient (each K and V tile is packed once per product, whatever the row count).
 BLOCK_Q = 256
 BLOCK_K = 512
 
@@ -119,10 +122,12 @@ class _Tiles:
             # band[a, c] = c - bk > a, and a tile's mask is band[:bl, c0:c0 + bs] with c0 = s0 - r0 + bk.
             cols, rows = torch.arange(bq + bk, device=query.device), torch.arange(bq, device=query.device)
             self.band = cols[None, :] - bk > rows[:, None]  # (bq, bq + bk), True = hidden
-        # (kv-)heads per step: one when a head's tile is full-size; more when the sequences are short, up to
-        # a full tile's worth of scores (block_q * block_k numbers) per step.
+        # (kv-)heads per step: one per torch thread when a head's tile is full-size (each operation then splits
+        # its work between the threads head by head, and every thread's tile stays in its own core's cache);
+        # more when the sequences are short, up to a full tile's worth of scores per step.
         self.rows, self.keys = self.G * bq, bk  # the largest tile of one head: (G * bq, bk)
-        self.heads = min(B * H, max(1, block_q * block_k // max(1, self.rows * self.keys)))
+        short = block_q * block_k // max(1, self.rows * self.keys)
+        self.heads = min(B * H, max(torch.get_num_threads(), short, 1))
 
     def head_steps(self):
         """Ranges [h0, h1) of the B*H (batch, kv-head) pairs, ``heads`` at a time."""
