@@ -153,6 +153,13 @@ def cache_sizes() -> Dict[str, str]:
     return out
 
 
+def git_revision() -> str:
+    """The checkout's commit, with ``+changes`` when chunked.py differs from it."""
+    run = lambda *cmd: subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    rev = run("git", "rev-parse", "--short", "HEAD") or "unknown"
+    return rev + ("+changes" if run("git", "status", "--porcelain", "attention_core/backends/chunked.py") else "")
+
+
 def machine() -> dict:
     return {
         "cpu_model": cpu_model(),
@@ -196,7 +203,8 @@ def plot(points: List[dict], meta: dict, path: Path) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{meta['machine']['cpu_model']} | ATen {meta['machine']['aten_cpu_capability']} | "
-                 f"torch {meta['machine']['torch']} | fp32 B=1 H=8 E=64 | {meta['date'][:10]}", fontsize=9)
+                 f"torch {meta['machine']['torch']} | fp32 B=1 H=8 E=64 | {meta['date'][:10]} | load average "
+                 f"{meta['loadavg_start'][0]:.1f} -> {meta['loadavg_end'][0]:.1f}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -236,6 +244,7 @@ def main() -> None:
                  "cpu_speed_vs_torch: the same from process CPU time (a cross-check under load; with 2 threads "
                  "it also counts the OpenMP threads' spinning)",
         "loadavg_start": os.getloadavg(),
+        "chunked_revision": git_revision(),
     }
     print(f"{meta['machine']['cpu_model']}, {meta['machine']['logical_cpus']} logical CPUs, caches "
           f"{meta['machine']['caches']}, ATen capability {meta['machine']['aten_cpu_capability']}, "
@@ -267,8 +276,8 @@ def main() -> None:
                       f"(cpu time: {cpu_ratios}; load {load0:.2f})", flush=True)
     meta["loadavg_end"] = os.getloadavg()
 
-    targets = []
-    for threads in args.threads:
+    targets = []  # the targets are for one thread; two threads are reported beside them, not checked
+    for threads in [t for t in args.threads if t == 1]:
         for mode, L in (("fwd", 4096), ("fwd+bwd", 2048)):
             for causal in causals:
                 p = next((p for p in points if (p["threads"], p["mode"], p["L"], p["causal"]) ==
