@@ -127,7 +127,7 @@ class _Tiles:
         # more when the sequences are short, up to a full tile's worth of scores per step.
         self.rows, self.keys = self.G * bq, bk  # the largest tile of one head: (G * bq, bk)
         short = block_q * block_k // max(1, self.rows * self.keys)
-        self.heads = min(B * H, max(torch.get_num_threads(), short, 1))
+        self.heads = max(1, min(B * H, max(torch.get_num_threads(), short)))  # at least 1, even when B*H = 0
 
     def head_steps(self):
         """Ranges [h0, h1) of the B*H (batch, kv-head) pairs, ``heads`` at a time."""
