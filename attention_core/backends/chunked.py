@@ -94,7 +94,8 @@ class _Scratch:
 class _Tiles:
     """What the tile loops share: 3-D views of the inputs (in the compute dtype), the mask and the tiling.
 
-    The loops visit the B * H (batch, kv-head) pairs in steps of ``heads`` pairs, usually one; a step's tiles
+    The loops visit the B * H (batch, kv-head) pairs in steps of ``heads`` pairs (one per torch thread for long
+    sequences); a step's tiles
     are 3-D, (heads in the step, G * query rows, keys).
     """
 
