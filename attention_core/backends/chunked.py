@@ -95,8 +95,7 @@ class _Tiles:
     """What the tile loops share: 3-D views of the inputs (in the compute dtype), the mask and the tiling.
 
     The loops visit the B * H (batch, kv-head) pairs in steps of ``heads`` pairs (one per torch thread for long
-    sequences); a step's tiles
-    are 3-D, (heads in the step, G * query rows, keys).
+    sequences); a step's tiles are 3-D, (heads in the step, G * query rows, keys).
     """
 
     def __init__(self, query, key, value, attn_mask, is_causal, scale, block_q, block_k):
