@@ -288,7 +288,8 @@ def device_name(device: str) -> str:
     with contextlib.suppress(OSError):
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} logical CPUs)"
+                return (f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} logical CPUs, "
+                        f"ATen {torch.backends.cpu.get_cpu_capability()})")
     return platform.processor() or platform.machine()
 
 
@@ -336,10 +337,10 @@ def check_cpu_targets(results: List[Config]) -> List[dict]:
 
     checks = []
     ch, tt = get("chunked", 4096), get("torch", 4096)
-    if ch and tt and ch.median_ms and tt.median_ms:
+    if ch and tt and ch.median_ms and tt.median_ms:  # fwd+bwd and 2 threads: bench_chunked_cpu.py
         r = tt.median_ms / ch.median_ms
-        checks.append({"target": "chunked speed >= 0.6x torch SDPA at L=4096", "value": round(r, 3),
-                       "met": r >= 0.6})
+        checks.append({"target": "chunked speed >= 0.85x torch SDPA at L=4096", "value": round(r, 3),
+                       "met": r >= 0.85})
     for L in sorted({c.L for c in results if c.L >= 2048}):
         ch, nv = get("chunked", L), get("naive", L)
         if ch and nv and ch.median_ms and nv.median_ms:

@@ -9,17 +9,33 @@ rescale them whenever a new tile raises the max:
 
 Exponentials are taken base 2, as in FlashAttention and the Triton tutorial: ``log2(e)`` is folded into the
 score scale once per query tile, so ``exp(x) = exp2(x * log2(e))`` costs no extra pass, and ``exp2`` is the
-cheaper instruction (on this project's CPU, torch's ``exp2_`` takes about 0.6x the time of ``exp_``). The
-running max and the log-sum-exp live in base-2 units inside the loops; ``lse`` is stored in natural units.
+cheaper instruction (torch's ``exp2_`` takes a fraction of the time of ``exp_`` on x86 CPUs). The running max
+and the log-sum-exp live in base-2 units inside the loops; ``lse`` is stored in natural units.
 
 The backward recomputes each tile's probabilities from the saved log-sum-exp ``lse = m + log(l)``
-(``p = exp(s - lse)``), as FlashAttention-2 does, so neither pass holds more than one
-(G * block_q, block_k) tile of scores per (batch, kv-head) at a time. Queries are tiled too (``block_q``),
-which keeps a tile in cache and lets ``is_causal`` skip every tile above the diagonal.
+(``p = exp(s - lse)``), as FlashAttention-2 does, so neither pass holds more than one tile of scores at a
+time. Queries are tiled too (``block_q``), which keeps a tile in cache and lets ``is_causal`` skip every tile
+above the diagonal.
 
 GQA costs nothing extra: the G = Hq / H query heads that share a key/value head are stacked as extra query
 rows, (B, Hq, L, E) -> (B * H, G * L, E), so key/value are never repeated and their gradients are summed
 over the group by the matmul itself.
+
+How the loops are laid out for speed on a CPU (the arithmetic is the same whatever the layout; the
+measurements are in ``benchmarks/NOTES.md``), as PyTorch's own C++ kernel does:
+
+- **One (batch, kv-head) at a time** (one per torch thread). Each tile of scores then belongs to one head
+  and, at the default (256, 512), takes 512 KiB: it stays in the core's L2 cache (1 MiB or more on Intel
+  Xeons since Skylake-SP and AMD EPYCs since Zen 4) during the four passes over it (max, subtract, exp2,
+  sum) and the P @ V product. A tile of all eight heads at once would be 4 MiB, and every pass would stream
+  it from the slower L3. With several threads, each operation splits its work head by head, so every
+  thread's tile stays in its own core's cache. Short sequences, whose tiles are small, stack more heads in
+  one step, so that every round of Python calls still moves a full tile's worth of numbers.
+- **No allocation inside the loops.** The tile's buffers are allocated once per call and every operation
+  writes into them (``out=``, in-place ``sub_``, ``exp2_``, ``baddbmm_``): each tile lands in memory the
+  previous tile just used, which is still in cache, and the allocator stays out of the inner loop.
+- **Causal tiles end at the diagonal.** A query tile visits the key tiles up to its own last row, and the
+  one tile the diagonal crosses takes its mask as a slice of one band made once per call.
 
 Layout, as in the Triton tutorial: tile loops -> launcher (validate, allocate) -> ``torch.autograd.Function``
 -> public function. Dropout is not supported (the registry says so before a call gets here).
@@ -27,15 +43,19 @@ Layout, as in the Triton tutorial: tile loops -> launcher (validate, allocate) -
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "POISON_OUTPUTS", "attention", "chunked_attention"]
 
-#: Default tile sizes, the fastest measured on a 2-core CPU (float32, E = 64, L = 4096): a (256, 256) tile
-#: of scores is 256 KiB per (batch, kv-head).
+#: Default tile sizes, the ones PyTorch's CPU kernel uses for long sequences. A (256, 512) float32 tile of
+#: scores is 512 KiB, half of a 1 MiB L2 cache, which leaves room for the tile's inputs: 256 queries (64 KiB
+#: at E = 64), 512 keys and 512 values (128 KiB each), and the running output (64 KiB). Fewer query rows make
+#: the matrix products less efficient (each K and V tile is packed once per product, whatever the row count).
 BLOCK_Q = 256
-BLOCK_K = 256
+BLOCK_K = 512
 
 _NEG_INF = float("-inf")
 _LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * _LOG2E)
@@ -54,8 +74,29 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+class _Scratch:
+    """Flat buffers allocated once per call; ``take(name, *shape)`` views the first elements as ``shape``.
+
+    The views are kept: the tile loops ask for the same few shapes again and again.
+    """
+
+    def __init__(self, like: torch.Tensor, **sizes: int):
+        self.buffers = {name: like.new_empty(size) for name, size in sizes.items()}
+        self.views: dict[tuple, torch.Tensor] = {}
+
+    def take(self, name: str, *shape: int) -> torch.Tensor:
+        key = (name, *shape)
+        if key not in self.views:
+            self.views[key] = self.buffers[name][: math.prod(shape)].view(shape)
+        return self.views[key]
+
+
 class _Tiles:
-    """What the tile loops share: 3-D views of the inputs (in the compute dtype), the mask and the tiling."""
+    """What the tile loops share: 3-D views of the inputs (in the compute dtype), the mask and the tiling.
+
+    The loops visit the B * H (batch, kv-head) pairs in steps of ``heads`` pairs (one per torch thread for long
+    sequences); a step's tiles are 3-D, (heads in the step, G * query rows, keys).
+    """
 
     def __init__(self, query, key, value, attn_mask, is_causal, scale, block_q, block_k):
         B, Hq, L, E = query.shape
@@ -65,42 +106,77 @@ class _Tiles:
         self.q = query.to(dt).reshape(B * H, self.G, L, E)  # (B, Hq, L, E) -> (B*H, G, L, E)
         self.k = key.to(dt).reshape(B * H, S, E)  # (B, H, S, E) -> (B*H, S, E)
         self.v = value.to(dt).reshape(B * H, S, value.shape[-1])  # (B, H, S, Ev) -> (B*H, S, Ev)
+        self.k_t = self.k.transpose(1, 2)  # (B*H, S, E) -> (B*H, E, S), a view: K^T for the score products
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(dt)
+        elif attn_mask is not None:
+            attn_mask = ~attn_mask  # bool: True = hidden from here on, inverted once rather than per tile
         self.mask = None if attn_mask is None else _mask_5d(attn_mask, H, self.G)
         self.is_causal, self.scale = is_causal, scale
         self.scale2 = scale * _LOG2E  # scores in base-2 units: exp(scale * q.k) == exp2(scale2 * q.k)
         self.block_q, self.block_k = block_q, block_k
+        bq, bk = min(block_q, L), min(block_k, S)  # the largest tile
+        if is_causal:
+            # In a tile of queries r0 + a and keys s0 + b, a key is hidden iff s0 + b > r0 + a: it depends on the
+            # tile only through s0 - r0. So every tile's causal mask is a slice of one band, made once per call:
+            # band[a, c] = c - bk > a, and a tile's mask is band[:bl, c0:c0 + bs] with c0 = s0 - r0 + bk.
+            cols, rows = torch.arange(bq + bk, device=query.device), torch.arange(bq, device=query.device)
+            self.band = cols[None, :] - bk > rows[:, None]  # (bq, bq + bk), True = hidden
+        # (kv-)heads per step: one per torch thread when a head's tile is full-size (each operation then splits
+        # its work between the threads head by head, and every thread's tile stays in its own core's cache);
+        # more when the sequences are short, up to a full tile's worth of scores per step.
+        self.rows, self.keys = self.G * bq, bk  # the largest tile of one head: (G * bq, bk)
+        short = block_q * block_k // max(1, self.rows * self.keys)
+        self.heads = max(1, min(B * H, max(torch.get_num_threads(), short)))  # at least 1, even when B*H = 0
 
-    def rows(self, r0: int, r1: int, x: torch.Tensor) -> torch.Tensor:
-        """Rows [r0, r1) of every head of a group: (B*H, G, L, D) -> (B*H, G*bl, D)."""
-        BH, D = x.shape[0], x.shape[-1]
-        return x[:, :, r0:r1].reshape(BH, self.G * (r1 - r0), D)  # (BH, G, bl, D) -> (BH, G*bl, D)
+    def head_steps(self):
+        """Ranges [h0, h1) of the B*H (batch, kv-head) pairs, ``heads`` at a time."""
+        for h0 in range(0, self.q.shape[0], self.heads):
+            yield h0, min(h0 + self.heads, self.q.shape[0])
 
     def key_tiles(self, r0: int, r1: int):
         """Key tile bounds for query rows [r0, r1); causal skips tiles entirely above the diagonal."""
         stop = min(self.S, r1) if self.is_causal else self.S  # causal: query i < r1 sees keys j <= i < r1
         for s0 in range(0, stop, self.block_k):
-            yield s0, min(s0 + self.block_k, self.S)
+            yield s0, min(s0 + self.block_k, stop)  # causal: the last tile ends at r1, not past it
 
-    def scores(self, q_tile: torch.Tensor, r0: int, r1: int, s0: int, s1: int) -> torch.Tensor:
-        """Masked scores of one tile in base-2 units (q_tile carries ``scale2``): (B*H, G*bl, bs)."""
-        k_t = self.k[:, s0:s1].transpose(1, 2)  # (BH, bs, E) -> (BH, E, bs)
-        s = torch.bmm(q_tile, k_t)  # (BH, G*bl, E) @ (BH, E, bs) -> (BH, G*bl, bs)
-        s5 = s.view(self.B, self.H, self.G, r1 - r0, s1 - s0)  # (BH, G*bl, bs) -> (B, H, G, bl, bs)
+    def stack_rows(self, x: torch.Tensor, h0: int, h1: int, r0: int, r1: int, out: torch.Tensor) -> torch.Tensor:
+        """Rows [r0, r1) of the G heads of steps [h0, h1), copied into ``out``: (hb, G, L, D) -> (hb, G*bl, D)."""
+        out.view(h1 - h0, self.G, r1 - r0, x.shape[-1]).copy_(x[h0:h1, :, r0:r1])  # (hb, G*bl, D) as (hb, G, bl, D)
+        return out
+
+    def query_tile(self, h0: int, h1: int, r0: int, r1: int, out: torch.Tensor) -> torch.Tensor:
+        """Like :meth:`stack_rows` for the queries, scaled by ``scale2`` on the way: (hb, G*bl, E)."""
+        torch.mul(self.q[h0:h1, :, r0:r1], self.scale2, out=out.view(h1 - h0, self.G, r1 - r0, -1))
+        return out
+
+    def scores(self, q_tile, h0: int, h1: int, r0: int, r1: int, s0: int, s1: int, out) -> torch.Tensor:
+        """Masked scores of one tile in base-2 units (q_tile carries ``scale2``), written into ``out``."""
+        s = torch.bmm(q_tile, self.k_t[h0:h1, :, s0:s1], out=out)  # (hb, G*bl, E) @ (hb, E, bs) -> (hb, G*bl, bs)
+        s4 = s.view(h1 - h0, self.G, r1 - r0, s1 - s0)  # (hb, G*bl, bs) -> (hb, G, bl, bs)
         if self.mask is not None:
-            m = self.mask
-            m = m[..., r0:r1, :] if m.shape[-2] > 1 else m
-            m = m[..., s0:s1] if m.shape[-1] > 1 else m  # (Bm, Hm, Gm, bl?, bs?)
+            m = self.mask_tile(h0, h1, r0, r1, s0, s1)  # broadcastable to (hb, G, bl, bs)
             if m.dtype == torch.bool:
-                s5.masked_fill_(~m, _NEG_INF)
+                s4.masked_fill_(m, _NEG_INF)  # m is True where a key is hidden
             else:
-                s5.add_(m, alpha=_LOG2E)  # an additive mask in base-2 units, like the scores
+                s4.add_(m, alpha=_LOG2E)  # an additive mask in base-2 units, like the scores
         if self.is_causal and s1 - 1 > r0:  # the tile crosses the diagonal: hide keys j > i
-            i = torch.arange(r0, r1, device=s.device)[:, None]  # (bl, 1)
-            j = torch.arange(s0, s1, device=s.device)[None, :]  # (1, bs)
-            s5.masked_fill_(j > i, _NEG_INF)
+            c0 = s0 - r0 + self.keys  # (self.keys is the band's bk)
+            s4.masked_fill_(self.band[: r1 - r0, c0 : c0 + s1 - s0], _NEG_INF)  # (bl, bs), broadcast
         return s
+
+    def mask_tile(self, h0: int, h1: int, r0: int, r1: int, s0: int, s1: int) -> torch.Tensor:
+        """The mask's part for heads [h0, h1), rows [r0, r1), keys [s0, s1): (hb or 1, Gm, bl or 1, bs or 1)."""
+        m = self.mask  # (Bm, Hm, Gm, Lm, Sm), broadcastable to (B, H, G, L, S)
+        m = m[..., r0:r1, :] if m.shape[-2] > 1 else m
+        m = m[..., s0:s1] if m.shape[-1] > 1 else m
+        if m.shape[0] == 1 and m.shape[1] == 1:
+            return m[0]  # (1, Gm, bl?, bs?): the same for every head
+        m = m.expand(self.B, self.H, *m.shape[2:])  # (B, H, Gm, bl?, bs?), a view
+        if h1 - h0 == 1:
+            return m[h0 // self.H, h0 % self.H][None]  # (1, Gm, bl?, bs?), a view
+        pairs = torch.arange(h0, h1, device=m.device)
+        return m[pairs // self.H, pairs % self.H]  # (hb, Gm, bl?, bs?): several short heads in one step
 
 
 def _mask_5d(mask: torch.Tensor, H: int, G: int) -> torch.Tensor:
@@ -112,56 +188,75 @@ def _mask_5d(mask: torch.Tensor, H: int, G: int) -> torch.Tensor:
 
 
 def _forward_tiles(t: _Tiles, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Fill ``out`` (B*H, G, L, Ev) and ``lse`` (B*H, G, L, 1) one query tile at a time."""
-    BH = t.q.shape[0]
-    Ev = t.v.shape[-1]
-    for r0 in range(0, t.L, t.block_q):
-        r1 = min(r0 + t.block_q, t.L)
-        n = t.G * (r1 - r0)
-        q_tile = t.rows(r0, r1, t.q) * t.scale2  # (BH, G*bl, E), scaled (base 2) once per tile
-        m = q_tile.new_full((BH, n, 1), _NEG_INF)  # running max, base-2 units
-        denom = q_tile.new_zeros((BH, n, 1))  # running denominator, "l" in the papers
-        acc = q_tile.new_zeros((BH, n, Ev))  # running numerator
-        for s0, s1 in t.key_tiles(r0, r1):
-            s = t.scores(q_tile, r0, r1, s0, s1)  # (BH, G*bl, bs)
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)  # rows with no visible key yet
-            p = s.sub_(m_safe).exp2_()  # (BH, G*bl, bs), in place: s is not needed again
-            alpha = (m - m_safe).exp2_()  # rescales what was accumulated under the old max
-            denom.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
-            acc.mul_(alpha).baddbmm_(p, t.v[:, s0:s1])  # += (BH, G*bl, bs) @ (BH, bs, Ev)
-            m = m_new
-        dead = denom == 0  # fully masked rows: output 0; lse = +inf makes the backward's exp(s - lse) = 0
-        o = acc / denom.masked_fill(dead, 1.0)  # (BH, G*bl, Ev)
-        out[:, :, r0:r1] = o.view(BH, t.G, r1 - r0, Ev)  # (BH, G*bl, Ev) -> (BH, G, bl, Ev)
-        m_safe = m.masked_fill(dead, 0.0)
-        lse_tile = ((m_safe + denom.log2()) * _LN2).masked_fill(dead, float("inf"))  # natural units
-        lse[:, :, r0:r1] = lse_tile.view(BH, t.G, r1 - r0, 1)  # (BH, G*bl, 1) -> (BH, G, bl, 1)
+    """Fill ``out`` (B*H, G, L, Ev) and ``lse`` (B*H, G, L, 1), one step of heads and one query tile at a time."""
+    E, Ev = t.q.shape[-1], t.v.shape[-1]
+    n_max = t.heads * t.rows  # rows of the largest tile
+    buf = _Scratch(t.q, q=n_max * E, s=n_max * t.keys, acc=n_max * Ev, m=n_max, m_new=n_max, alpha=n_max, l=n_max)
+    # The running max starts at the lowest finite number, not at -inf: for a row whose keys are all hidden so
+    # far, s - m is then -inf - lowest = -inf and exp2 gives 0, where -inf - (-inf) would give NaN.
+    lowest = torch.finfo(t.dtype).min
+    for h0, h1 in t.head_steps():
+        hb = h1 - h0
+        for r0 in range(0, t.L, t.block_q):
+            r1 = min(r0 + t.block_q, t.L)
+            n = t.G * (r1 - r0)  # query rows of this tile: the G heads that share a kv-head, stacked
+            q_tile = t.query_tile(h0, h1, r0, r1, buf.take("q", hb, n, E))  # (hb, n, E), times scale2
+            m, m_new = buf.take("m", hb, n, 1).fill_(lowest), buf.take("m_new", hb, n, 1)  # running max
+            denom = buf.take("l", hb, n, 1).zero_()  # running denominator, "l" in the papers
+            acc = buf.take("acc", hb, n, Ev).zero_()  # running numerator
+            alpha = buf.take("alpha", hb, n, 1)
+            for s0, s1 in t.key_tiles(r0, r1):
+                s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))  # (hb, n, bs)
+                torch.amax(s, dim=-1, keepdim=True, out=m_new)  # the tile's row max...
+                m_new = torch.maximum(m, m_new, out=m_new)  # ...and the running one, (hb, n, 1)
+                p = s.sub_(m_new).exp2_()  # (hb, n, bs), in place: the scores are not needed again
+                alpha = torch.sub(m, m_new, out=alpha).exp2_()  # rescales what was summed under the old max
+                denom = torch.addcmul(p.sum(dim=-1, keepdim=True), denom, alpha, out=denom)  # l * alpha + rowsum(p)
+                acc.mul_(alpha).baddbmm_(p, t.v[h0:h1, s0:s1])  # acc * alpha + (hb, n, bs) @ (hb, bs, Ev)
+                m, m_new = m_new, m  # the new max becomes the running one; the old one's buffer is reused
+            dead = denom == 0  # fully masked rows: output 0; lse = +inf makes the backward's exp(s - lse) = 0
+            denom.masked_fill_(dead, 1.0)
+            shape = (hb, t.G, r1 - r0)
+            torch.div(acc.view(*shape, Ev), denom.view(*shape, 1), out=out[h0:h1, :, r0:r1])  # (hb, G, bl, Ev)
+            lse_tile = ((m + denom.log2()) * _LN2).masked_fill_(dead, float("inf"))  # (hb, n, 1), natural units
+            lse[h0:h1, :, r0:r1] = lse_tile.view(*shape, 1)  # (hb, n, 1) -> (hb, G, bl, 1)
 
 
 def _backward_tiles(
     t: _Tiles, grad_out: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (B*H, G, L, E), (B*H, S, E), (B*H, S, Ev) from grad_out, out (B*H, G, L, Ev), lse."""
-    dq = torch.zeros_like(t.q)  # (BH, G, L, E)
-    dk = torch.zeros_like(t.k)  # (BH, S, E)
+    E, Ev = t.q.shape[-1], t.v.shape[-1]
+    dq = torch.empty_like(t.q)  # (BH, G, L, E), every row written once by its query tile
+    dk = torch.zeros_like(t.k)  # (BH, S, E), summed over query tiles
     dv = torch.zeros_like(t.v)  # (BH, S, Ev)
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (BH, G, L, 1): rowsum(dO * O) = rowsum(P * dP)
-    for r0 in range(0, t.L, t.block_q):
-        r1 = min(r0 + t.block_q, t.L)
-        q_tile = t.rows(r0, r1, t.q) * t.scale2  # (BH, G*bl, E), base-2 units as in the forward
-        do_tile = t.rows(r0, r1, grad_out)  # (BH, G*bl, Ev)
-        lse_tile, delta_tile = t.rows(r0, r1, lse) * _LOG2E, t.rows(r0, r1, delta)  # (BH, G*bl, 1) each
-        dq_tile = torch.zeros_like(q_tile)  # (BH, G*bl, E)
-        for s0, s1 in t.key_tiles(r0, r1):
-            p = t.scores(q_tile, r0, r1, s0, s1).sub_(lse_tile).exp2_()  # (BH, G*bl, bs), recomputed
-            dv[:, s0:s1].baddbmm_(p.transpose(1, 2), do_tile)  # += (BH, bs, G*bl) @ (BH, G*bl, Ev)
-            dp = torch.bmm(do_tile, t.v[:, s0:s1].transpose(1, 2))  # (BH, G*bl, Ev) @ (BH, Ev, bs)
-            ds = dp.sub_(delta_tile).mul_(p)  # (BH, G*bl, bs): dS = P * (dP - delta)
-            dq_tile.baddbmm_(ds, t.k[:, s0:s1])  # += (BH, G*bl, bs) @ (BH, bs, E)
-            dk[:, s0:s1].baddbmm_(ds.transpose(1, 2), q_tile)  # += (BH, bs, G*bl) @ (BH, G*bl, E), q * scale2
-        BH, E = dq.shape[0], dq.shape[-1]
-        dq[:, :, r0:r1] = (dq_tile * t.scale).view(BH, t.G, r1 - r0, E)  # (BH, G*bl, E) -> (BH, G, bl, E)
+    lse2 = lse * _LOG2E  # (BH, G, L, 1), base-2 units like the scores
+    n_max = t.heads * t.rows
+    buf = _Scratch(t.q, q=n_max * E, do=n_max * Ev, lse=n_max, delta=n_max, dq=n_max * E,
+                   s=n_max * t.keys, dp=n_max * t.keys)
+    for h0, h1 in t.head_steps():
+        hb = h1 - h0
+        k, dk_h, dv_h = t.k[h0:h1], dk[h0:h1], dv[h0:h1]  # (hb, S, E), (hb, S, E), (hb, S, Ev)
+        v_t = t.v[h0:h1].transpose(1, 2)  # (hb, S, Ev) -> (hb, Ev, S), a view
+        for r0 in range(0, t.L, t.block_q):
+            r1 = min(r0 + t.block_q, t.L)
+            n = t.G * (r1 - r0)
+            q_tile = t.query_tile(h0, h1, r0, r1, buf.take("q", hb, n, E))  # (hb, n, E), times scale2
+            do_tile = t.stack_rows(grad_out, h0, h1, r0, r1, buf.take("do", hb, n, Ev))  # (hb, n, Ev)
+            lse_tile = t.stack_rows(lse2, h0, h1, r0, r1, buf.take("lse", hb, n, 1))  # (hb, n, 1)
+            delta_tile = t.stack_rows(delta, h0, h1, r0, r1, buf.take("delta", hb, n, 1))  # (hb, n, 1)
+            dq_tile = buf.take("dq", hb, n, E).zero_()  # (hb, n, E)
+            for s0, s1 in t.key_tiles(r0, r1):
+                s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))
+                p = s.sub_(lse_tile).exp2_()  # (hb, n, bs), recomputed from the saved log-sum-exp
+                dv_h[:, s0:s1].baddbmm_(p.transpose(1, 2), do_tile)  # += (hb, bs, n) @ (hb, n, Ev)
+                dp = torch.bmm(do_tile, v_t[:, :, s0:s1], out=buf.take("dp", hb, n, s1 - s0))  # (hb, n, bs)
+                ds = dp.sub_(delta_tile).mul_(p)  # (hb, n, bs): dS = P * (dP - delta)
+                dq_tile.baddbmm_(ds, k[:, s0:s1])  # += (hb, n, bs) @ (hb, bs, E)
+                dk_h[:, s0:s1].baddbmm_(ds.transpose(1, 2), q_tile)  # += (hb, bs, n) @ (hb, n, E), q * scale2
+            shape = (hb, t.G, r1 - r0, E)
+            torch.mul(dq_tile.view(shape), t.scale, out=dq[h0:h1, :, r0:r1])  # (hb, n, E) -> (hb, G, bl, E)
     dk.mul_(_LN2)  # q_tile carried scale * log2(e); dK wants q * scale
     return dq, dk, dv
 
