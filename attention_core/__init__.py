@@ -16,7 +16,7 @@ from attention_core.masks import (
     to_bool_mask,
     to_torch_mha_mask,
 )
-from attention_core.modules import MultiHeadAttention, kv_cache_bytes
+from attention_core.multihead import MultiHeadAttention, kv_cache_bytes
 
 __version__ = "0.1.0"
 

@@ -131,23 +131,3 @@ def check_mask_broadcasts(mask: torch.Tensor, name: str, target: Shape, target_d
             f"{name} of shape {fmt_shape(mask.shape)} does not broadcast to the scores' shape "
             f"{target_desc} = {fmt_shape(target)}"
         )
-
-
-def check_source_batch(src: object, src_valid_lens: object) -> tuple[int, int]:
-    """Validate a batch of source ids for the encoder-decoders; return its (B, S).
-
-    ``src`` must be (B, S) int64 ids and ``src_valid_lens`` (B,) integers in [1, S]: row b's first
-    ``src_valid_lens[b]`` ids are real, the rest padding.
-    """
-    check_tensor(src, "src")
-    check_tensor(src_valid_lens, "src_valid_lens")
-    if src.dim() != 2 or src.dtype != torch.long:
-        raise ValueError(f"src must be (B, S) int64 ids, got shape {fmt_shape(src.shape)} dtype {src.dtype}")
-    B, S = src.shape
-    if src_valid_lens.shape != (B,) or src_valid_lens.is_floating_point():
-        raise ValueError(f"src_valid_lens must be (B,) = ({B},) integers, got shape "
-                         f"{fmt_shape(src_valid_lens.shape)} dtype {src_valid_lens.dtype}")
-    if B and (int(src_valid_lens.min()) < 1 or int(src_valid_lens.max()) > S):
-        raise ValueError(f"src_valid_lens must lie in [1, S={S}] (the encoder output has {S} positions), "
-                         f"got {src_valid_lens.tolist()}")
-    return B, S

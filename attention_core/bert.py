@@ -149,7 +149,6 @@ class BertEncoder(nn.Module):
         token_type_ids: Optional[torch.Tensor] = None,
         inputs_embeds: Optional[torch.Tensor] = None,
         need_weights: bool = False,
-        backend: Optional[str] = None,
     ) -> BertOutput:
         """Encode a padded batch.
 
@@ -159,7 +158,6 @@ class BertEncoder(nn.Module):
             token_type_ids: (B, L) segment ids (0 for single sentences, the default).
             inputs_embeds: (B, L, D) word vectors instead of ids (e.g. to take gradients w.r.t. them).
             need_weights: also return every layer's per-head attention weights.
-            backend: attention backend (``"reference"``, ``"torch"``, ``"chunked"``, ``"numpy"``...).
 
         Returns:
             :class:`BertOutput`.
@@ -186,7 +184,7 @@ class BertEncoder(nn.Module):
 
         x = self.embeddings(inputs_embeds, token_type_ids)  # (B, L, D)
         enc = self.encoder(
-            x, key_padding_mask=mask, need_weights=need_weights, output_hidden_states=True, backend=backend
+            x, key_padding_mask=mask, need_weights=need_weights, output_hidden_states=True
         )
         pooled = torch.tanh(self.pooler(enc.last_hidden_state[:, 0]))  # [CLS] vector (B, D) -> (B, D)
         return BertOutput(enc.last_hidden_state, enc.hidden_states, enc.attentions, pooled)

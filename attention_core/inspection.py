@@ -8,34 +8,26 @@ These work on what :class:`~attention_core.bert.BertEncoder` returns (per-layer 
 - :func:`value_contributions`: the vector each token adds per unit of weight, per head (a weight on a
   token whose vector is short changes little);
 - :func:`gradient_x_input`: a gradient-based attribution on the word embeddings, to set beside attention
-  (attention weights are not an explanation of the output);
-- :class:`HeadExplorer`: a layer/head selector over the attention maps of one sentence, which also carries
-  a kernel-free version (a slider over the layers, every head drawn) for the static site.
+  (attention weights are not an explanation of the output).
+
+The interactive head explorer of chapter 10 is :class:`attention_core.booktools.widgets.HeadExplorer`.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Sequence, Tuple
 
-import ipywidgets as widgets
-import matplotlib
-import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 from attention_core._checks import check_tensor, fmt_shape
 from attention_core.bert import BertEncoder, BertOutput
 from attention_core.functional import weights_entropy
-from attention_core.modules import MultiHeadAttention
-from attention_core.viz import HEATMAP_CMAP, figure_to_png, plot_attention
+from attention_core.multihead import MultiHeadAttention
 
 __all__ = [
-    "HeadExplorer",
     "attention_entropy",
     "attention_received",
     "gradient_x_input",
-    "head_explorer",
     "value_contributions",
 ]
 
@@ -145,115 +137,3 @@ def gradient_x_input(
     return attributions, value.detach()
 
 
-# ------------------------------------------------------------------------------------------ explorer
-
-
-class HeadExplorer(widgets.VBox):
-    """A layer and head selector over one sentence's attention maps, with a static version for the site.
-
-    Args:
-        attentions: one (H, L, L) tensor per layer, for one sentence (padding removed).
-        tokens: the L tokens (labels of rows and columns).
-        layer: initial layer, 1-based (layer 1 is the first encoder layer).
-        head: initial head, 0-based.
-
-    Attributes:
-        layer, head: the two ``IntSlider`` selectors.
-        summary: a ``Label`` describing the map shown (entropy, strongest link).
-        image: the ``Image`` holding the current figure.
-    """
-
-    def __init__(self, attentions: Sequence[torch.Tensor], tokens: Sequence[str], layer: int = 1, head: int = 0):
-        self.weights = torch.stack([a.detach().float().cpu() for a in attentions])  # (N, H, L, L)
-        N, H, L, S = self.weights.shape
-        if L != S or len(tokens) != L:
-            raise ValueError(f"attentions must be (H, L, L) per layer with L = len(tokens) = {len(tokens)}, "
-                             f"got {fmt_shape(self.weights.shape[1:])}")
-        if not (1 <= layer <= N and 0 <= head < H):
-            raise ValueError(f"layer must be in [1, {N}] and head in [0, {H - 1}], got layer={layer}, head={head}")
-        self.tokens = list(tokens)
-        self.layer = widgets.IntSlider(value=layer, min=1, max=N, description="layer", continuous_update=False)
-        self.head = widgets.IntSlider(value=head, min=0, max=H - 1, description="head", continuous_update=False)
-        self.summary = widgets.Label()
-        self.image = widgets.Image(format="png")
-        super().__init__(children=[widgets.HBox([self.layer, self.head]), self.summary, self.image])
-        self.layer.observe(self.redraw, names="value")
-        self.head.observe(self.redraw, names="value")
-        self.redraw()
-
-    def describe(self, layer: int, head: int) -> str:
-        """One line about a head's map: its mean entropy and its largest weight."""
-        w = self.weights[layer - 1, head]  # (L, L)
-        ent = attention_entropy([w[None, None]], torch.ones(1, w.shape[0], dtype=torch.bool))[0, 0]
-        q, k = divmod(int(w.argmax()), w.shape[1])
-        return (f"layer {layer}, head {head}: mean entropy {float(ent):.2f} nats "
-                f"(uniform: {math.log(w.shape[1]):.2f}); largest weight {float(w[q, k]):.2f}, "
-                f"from {self.tokens[q]!r} to {self.tokens[k]!r}")
-
-    def figure(self, layer: int, head: int) -> Figure:
-        """The map of one head, off-screen."""
-        fig = Figure(figsize=(5.2, 4.2), layout="constrained")
-        plot_attention(self.weights[layer - 1, head], self.tokens, self.tokens, ax=fig.subplots(),
-                       vmax=1.0, title=f"layer {layer}, head {head}")
-        return fig
-
-    def grid(self, layer: int, cols: int = 4) -> Figure:
-        """Every head of one layer as one mosaic image (a frame of the static version).
-
-        One ``imshow`` of the H maps tiled ``cols`` to a row (white gaps between them), which renders far
-        faster than H separate axes.
-        """
-        W = self.weights[layer - 1].numpy()  # (H, L, L)
-        H, L, _ = W.shape
-        rows, step = -(-H // cols), L + 1  # one blank row/column between maps
-        canvas = np.full((rows * step - 1, cols * step - 1), np.nan)  # (rows*(L+1)-1, cols*(L+1)-1)
-        for h in range(H):
-            r, c = divmod(h, cols)
-            canvas[r * step : r * step + L, c * step : c * step + L] = W[h]
-        fig = Figure(figsize=(2.1 * cols + 1.2, 2.1 * rows + 0.6))
-        ax = fig.add_subplot()
-        cmap = matplotlib.colormaps[HEATMAP_CMAP].with_extremes(bad="white")  # the gaps between maps
-        im = ax.imshow(canvas, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
-        for h in range(H):
-            r, c = divmod(h, cols)
-            ax.text(c * step + (L - 1) / 2, r * step - 0.7, f"head {h}", ha="center", va="bottom", fontsize=8)
-        ax.set_yticks([r * step + i for r in range(rows) for i in range(L)])
-        ax.set_yticklabels(self.tokens * rows, fontsize=6)
-        ax.set_xticks([c * step + i for c in range(cols) for i in range(L)])
-        ax.set_xticklabels(self.tokens * cols, fontsize=6, rotation=90)
-        ax.tick_params(length=0)
-        for side in ax.spines.values():
-            side.set_visible(False)
-        ax.set_title(f"layer {layer}: every head (rows: queries, columns: keys)", pad=16)
-        fig.colorbar(im, ax=ax, shrink=0.6, label="weight")
-        return fig
-
-    def redraw(self, *_: Any) -> None:
-        """Redraw for the current selectors."""
-        layer, head = int(self.layer.value), int(self.head.value)
-        self.summary.value = self.describe(layer, head)
-        self.image.value = figure_to_png(self.figure(layer, head))
-
-    def static_html(self, dpi: int = 80) -> str:
-        """The kernel-free version: a slider over the layers, each frame showing every head."""
-        from attention_core.static import frame_slider
-
-        layers: List[int] = list(range(1, self.weights.shape[0] + 1))
-        frames = [self.grid(layer) for layer in layers]
-        return frame_slider(frames, layers, label="layer", initial=int(self.layer.value) - 1, dpi=dpi,
-                            alt=f"attention maps of every head for: {' '.join(self.tokens)}").markup
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Optional[dict]:
-        # ipywidgets 8 displays through this method; 7.x uses _ipython_display_ (no static version there).
-        parent = getattr(super(), "_repr_mimebundle_", None)
-        data = parent(**kwargs) if parent is not None else None
-        if data is None:
-            return data
-        return {**data, "text/html": self.static_html()}
-
-
-def head_explorer(
-    attentions: Sequence[torch.Tensor], tokens: Sequence[str], layer: int = 1, head: int = 0
-) -> HeadExplorer:
-    """A :class:`HeadExplorer` for one sentence: ``attentions`` holds one (H, L, L) tensor per layer."""
-    return HeadExplorer(attentions, tokens, layer=layer, head=head)

@@ -374,7 +374,7 @@ def fit_bandwidth(
     Returns:
         A :class:`BandwidthFit` with the loss and the bandwidth at each step.
     """
-    from attention_core.notebook import progress
+    from attention_core.progress import progress
 
     if not isinstance(model, NadarayaWatson):
         raise TypeError(f"model must be a NadarayaWatson, got {type(model).__name__}")

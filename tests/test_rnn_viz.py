@@ -9,13 +9,12 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from attention_core.rnn_viz import (  # noqa: E402
-    WindowExplorer,
+from attention_core.booktools.seq2seq_plots import (  # noqa: E402
     plot_alignment,
     plot_by_bucket,
     plot_loss_curves,
-    window_weights,
 )
+from attention_core.booktools.widgets import WindowExplorer, window_weights  # noqa: E402
 
 WORDS = "three hundred and forty - two".split()
 

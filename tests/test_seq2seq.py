@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_core.metrics import evaluate, exact_match, token_accuracy
-from attention_core.seq2seq import (
+from attention_core.translation.data import EOS_ID, PAD_ID, NumberWords, collate
+from attention_core.translation.metrics import evaluate, exact_match, token_accuracy
+from attention_core.translation.rnn import (
     BahdanauDecoder,
     Encoder,
     LuongDecoder,
     PlainDecoder,
     Seq2Seq,
-    build_model,
+    build_rnn_model,
     count_parameters,
     greedy_decode,
 )
-from attention_core.seq2seq_data import EOS_ID, PAD_ID, NumberWords, collate
 
 TASK = NumberWords(max_digits=6)
 CONFIGS = {
@@ -30,7 +30,7 @@ CONFIGS = {
 
 
 def tiny(name: str, seed: int = 0) -> Seq2Seq:
-    return build_model({**CONFIGS[name], "src_vocab_size": len(TASK.src_vocab),
+    return build_rnn_model({**CONFIGS[name], "src_vocab_size": len(TASK.src_vocab),
                         "tgt_vocab_size": len(TASK.tgt_vocab), "embed_dim": 8, "hidden_dim": 6, "seed": seed})
 
 
@@ -126,7 +126,7 @@ def test_bad_inputs_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match=r"src must be \(B, S\) int64 ids, got shape \(3, \d+\) dtype torch.float32"):
         model(b.src.float(), b.src_valid_lens, b.tgt_in)
     with pytest.raises(ValueError, match=r"config\['kind'\] must be one of .*got 'transformer'"):
-        build_model({"kind": "transformer"})
+        build_rnn_model({"kind": "transformer"})
     with pytest.raises(ValueError, match=r"score must be one of .*got 'bilinear'"):
         LuongDecoder(5, 4, 6, 6, score="bilinear")
     with pytest.raises(ValueError, match=r"mode must be one of .*got 'local-x'"):
@@ -145,12 +145,12 @@ def test_bad_inputs_raise_clear_errors() -> None:
 @pytest.mark.parametrize("name", ["bahdanau", "luong-dot", "luong-concat"])
 def test_attention_scores_are_the_logits_of_the_weights(name: str) -> None:
     from attention_core.functional import masked_softmax
-    from attention_core.seq2seq import attention_scores
+    from attention_core.translation.rnn import alignment_scores
 
     model, b = tiny(name), batch(4)
     _, weights = model(b.src, b.src_valid_lens, b.tgt_in)
-    scores = attention_scores(model, b.src, b.src_valid_lens, b.tgt_in)
+    scores = alignment_scores(model, b.src, b.src_valid_lens, b.tgt_in)
     real = torch.arange(b.src.shape[1]) < b.src_valid_lens[:, None]  # (B, S)
     torch.testing.assert_close(masked_softmax(scores, real[:, None, :]), weights)
     with pytest.raises(ValueError, match="model must have a Bahdanau or Luong decoder, got PlainDecoder"):
-        attention_scores(tiny("plain"), b.src, b.src_valid_lens, b.tgt_in)
+        alignment_scores(tiny("plain"), b.src, b.src_valid_lens, b.tgt_in)

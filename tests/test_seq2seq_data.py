@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_core.seq2seq_data import (
+from attention_core.translation.data import (
     BOS_ID,
     EOS_ID,
     PAD_ID,

@@ -1,4 +1,4 @@
-"""attention_core.static: kernel-free HTML for the site (the browser test clicks it; these check the markup)."""
+"""booktools.static: kernel-free HTML for the site (the browser test clicks it; these check the markup)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import pytest
 
-from attention_core import static
+from attention_core.booktools import static
 
 TINY_PNG = (  # a 1x1 PNG
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
@@ -88,7 +88,7 @@ def test_static_fallback_offers_widget_and_html() -> None:
 def test_html_repr_is_short_and_stable() -> None:
     html = static.answer_box_html("x:", 1.0)
     assert html._repr_html_() == str(html) == html.markup
-    assert repr(html) == f"<attention_core.static.HTML, {len(html.markup)} characters>"
+    assert repr(html) == f"<attention_core.booktools.static.HTML, {len(html.markup)} characters>"
 
 
 def test_figure_to_data_uri_is_a_png() -> None:

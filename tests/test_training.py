@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import torch
 
-from attention_core import training
-from attention_core.seq2seq import build_model
-from attention_core.seq2seq_data import NumberWords
-from attention_core.training import (
+from attention_core.checkpoint import TrainLog, file_sha256, load_checkpoint, read_manifest, save_checkpoint
+from attention_core.translation import train as training
+from attention_core.translation.data import NumberWords
+from attention_core.translation.metrics import book_test_set, evaluate_by_bucket
+from attention_core.translation.rnn import build_rnn_model
+from attention_core.translation.train import (
     CHECKPOINT_DIR,
     RECIPES,
     Recipe,
-    book_test_set,
-    evaluate_by_bucket,
-    file_sha256,
-    load_checkpoint,
+    build_model,
     load_or_train,
-    read_manifest,
-    save_checkpoint,
     sequence_loss,
     train_and_save,
     train_seq2seq,
@@ -31,7 +28,7 @@ TASK = NumberWords(max_digits=3)
 
 
 def tiny(kind: str = "bahdanau"):
-    return build_model({"kind": kind, "src_vocab_size": len(TASK.src_vocab), "tgt_vocab_size": len(TASK.tgt_vocab),
+    return build_rnn_model({"kind": kind, "src_vocab_size": len(TASK.src_vocab), "tgt_vocab_size": len(TASK.tgt_vocab),
                         "embed_dim": 8, "hidden_dim": 8, "seed": 0})
 
 
@@ -73,16 +70,16 @@ def test_checkpoint_roundtrip_and_checksum(tmp_path) -> None:
     path = tmp_path / "m.pt"
     sha = save_checkpoint(model, path)
     assert sha == file_sha256(path) and len(sha) == 64
-    loaded = load_checkpoint(path, sha)
+    loaded = load_checkpoint(path, sha, build_model)
     assert loaded.config == model.config and not loaded.training
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=f"has sha256 [0-9a-f]{{64}}, expected {sha}"):
-        load_checkpoint(path, sha)
+        load_checkpoint(path, sha, build_model)
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
-        load_checkpoint(tmp_path / "missing.pt", sha)
+        load_checkpoint(tmp_path / "missing.pt", sha, build_model)
 
 
 def test_load_or_train_uses_the_manifest(tmp_path, monkeypatch) -> None:
@@ -95,9 +92,9 @@ def test_load_or_train_uses_the_manifest(tmp_path, monkeypatch) -> None:
 
     calls = []
 
-    def fake_train(name, device=None, show_progress=True):  # noqa: ARG001
-        calls.append(name)
-        return tiny(), training.TrainLog(losses=[1.0, 0.5], seconds=0.1)
+    def fake_train(recipe, device=None, show_progress=True):  # noqa: ARG001
+        calls.append(recipe.name)
+        return tiny(), TrainLog(losses=[1.0, 0.5], seconds=0.1)
 
     monkeypatch.setattr(training, "train_recipe", fake_train)
     _, fresh = load_or_train("bahdanau", tmp_path, retrain=True)
@@ -129,14 +126,14 @@ def test_evaluate_by_bucket_adds_up() -> None:
 
 
 def test_train_and_save_then_load(tmp_path, monkeypatch) -> None:
-    small = Recipe("bahdanau", "bahdanau", embed_dim=4, hidden_dim=4, steps=2, batch_size=4)
+    small = Recipe("bahdanau", {"kind": "bahdanau", "embed_dim": 4, "hidden_dim": 4}, steps=2, batch_size=4)
     monkeypatch.setitem(RECIPES, "bahdanau", small)
     train_and_save(["bahdanau"], tmp_path, show_progress=False)
     entry = read_manifest(tmp_path)["bahdanau"]
     assert entry["sha256"] == file_sha256(tmp_path / "bahdanau.pt") and entry["recipe"] == asdict(small)
     model, got = load_or_train("bahdanau", tmp_path)
     assert got == entry and model.config["hidden_dim"] == 4
-    monkeypatch.setitem(RECIPES, "bahdanau", Recipe("bahdanau", "bahdanau", steps=3))
+    monkeypatch.setitem(RECIPES, "bahdanau", replace(small, steps=3))
     with pytest.raises(ValueError, match="trained with a recipe that differs"):
         load_or_train("bahdanau", tmp_path)
     with pytest.raises(SystemExit):
@@ -154,3 +151,11 @@ def test_shipped_checkpoints_load_and_translate() -> None:
         assert got["sha256"] == file_sha256(path) and got["recipe"] == asdict(RECIPES[name])
         if name == "bahdanau":
             assert evaluate_by_bucket(model, pairs)["exact_match"] > 0.8
+
+
+def test_one_recipe_type_builds_every_model_kind() -> None:
+    kinds = {r.kind for r in RECIPES.values()}
+    assert kinds == {"plain", "bahdanau", "luong", "transformer"}
+    for recipe in RECIPES.values():
+        model = build_model(recipe.config(NumberWords()))
+        assert isinstance(model, training.EncoderDecoder), recipe.name

@@ -121,9 +121,11 @@ def test_backends_agree() -> None:
     layer = TransformerEncoderLayer.from_torch(_torch_layer(False, "gelu"))
     keep = _padding()
     with torch.no_grad():
-        expected = layer(_x(), key_padding_mask=keep, backend="reference")[0]
+        with ac.use_backend("reference"):
+            expected = layer(_x(), key_padding_mask=keep)[0]
         for name in ac.available_backends("cpu"):
-            out = layer(_x(), key_padding_mask=keep, backend=name)[0]
+            with ac.use_backend(name):  # models take the backend from the context, not an argument
+                out = layer(_x(), key_padding_mask=keep)[0]
             torch.testing.assert_close(out, expected, atol=ATOL, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
@@ -145,8 +147,8 @@ def test_bad_inputs_name_the_argument() -> None:
         layer([[0.0] * D])
     with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, S\) = \(2, 6\)"):
         layer(_x(), key_padding_mask=torch.ones(B, L + 1, dtype=torch.bool))
-    with pytest.raises(ValueError, match="need_weights=True runs the 'reference' backend"):
-        layer(_x(), need_weights=True, backend="torch")
+    with pytest.raises(TypeError, match="backend"):
+        layer(_x(), backend="torch")  # use ac.use_backend(...) around a model
     with pytest.raises(ValueError, match="activation must be one of"):
         TransformerEncoderLayer(D, H, FF, activation="swish")
     with pytest.raises(TypeError, match="layer must be a torch.nn.TransformerEncoderLayer"):

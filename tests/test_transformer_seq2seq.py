@@ -10,22 +10,21 @@ import torch
 from torch import nn
 
 import attention_core as ac
-from attention_core.seq2seq import greedy_decode
-from attention_core.seq2seq_data import NumberWords, collate
-from attention_core.training import TrainLog, sequence_loss
-from attention_core.transformer_seq2seq import (
-    Seq2SeqTransformer,
-    TransformerDecoder,
-    TransformerDecoderLayer,
-    build_transformer,
+from attention_core.checkpoint import (
+    MANIFEST,
+    TrainLog,
+    load_checkpoint,
+    recipe_entry,
+    record_in_manifest,
+    save_checkpoint,
 )
-from attention_core.transformer_training import (
-    TRANSFORMER_MANIFEST,
-    TRANSFORMER_RECIPE,
-    load_or_train_transformer,
-    load_transformer_checkpoint,
-    save_transformer_checkpoint,
-)
+from attention_core.transformer import TransformerDecoder, TransformerDecoderLayer
+from attention_core.translation.data import NumberWords, collate
+from attention_core.translation.rnn import greedy_decode
+from attention_core.translation.train import CHECKPOINT_DIR, RECIPES, build_model, load_or_train, sequence_loss
+from attention_core.translation.transformer import Seq2SeqTransformer, build_transformer
+
+TRANSFORMER_RECIPE = RECIPES["transformer"]
 
 B, T, S, D, H, FF = 2, 5, 7, 16, 4, 32
 ATOL = 1e-5
@@ -141,24 +140,27 @@ def test_gradients_reach_every_parameter() -> None:
 
 
 def test_checkpoint_round_trip_and_checksum(tmp_path) -> None:
-    recipe = replace(TRANSFORMER_RECIPE, d_model=16, num_heads=2, dim_feedforward=32, steps=1)
+    small = {**TRANSFORMER_RECIPE.model, "d_model": 16, "num_heads": 2, "dim_feedforward": 32}
+    recipe = replace(TRANSFORMER_RECIPE, model=small, steps=1)
     model = build_transformer(recipe.config(NumberWords()))
-    entry = save_transformer_checkpoint(model, TrainLog([1.0, 0.5], 1.0), tmp_path, recipe)
-    assert json.loads((tmp_path / TRANSFORMER_MANIFEST).read_text())["transformer"]["sha256"] == entry["sha256"]
-    loaded, seen = load_or_train_transformer(tmp_path, recipe=recipe)
+    sha = save_checkpoint(model, tmp_path / "transformer.pt")
+    entry = recipe_entry(recipe, model, TrainLog([1.0, 0.5], 1.0), sha)
+    record_in_manifest(tmp_path, recipe.name, entry)
+    assert json.loads((tmp_path / MANIFEST).read_text())["transformer"]["sha256"] == entry["sha256"]
+    loaded, seen = load_or_train(recipe, tmp_path)
     assert seen == entry
     for (n, p), (_, q) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(p, q), n
     with pytest.raises(ValueError, match="has sha256 .* expected 00"):
-        load_transformer_checkpoint(tmp_path / "transformer.pt", "00" * 32)
+        load_checkpoint(tmp_path / "transformer.pt", "00" * 32, build_model)
     with pytest.raises(ValueError, match="another recipe"):
-        load_or_train_transformer(tmp_path, recipe=replace(recipe, steps=2))
+        load_or_train(replace(recipe, steps=2), tmp_path)
     with pytest.raises(FileNotFoundError):
-        load_transformer_checkpoint(tmp_path / "missing.pt", entry["sha256"])
-    retrained, fresh = load_or_train_transformer(tmp_path, retrain=True, recipe=replace(recipe, steps=2))
+        load_checkpoint(tmp_path / "missing.pt", entry["sha256"], build_model)
+    retrained, fresh = load_or_train(replace(recipe, steps=2), tmp_path, retrain=True)
     assert fresh["sha256"] is None and len(fresh["losses"]) == 1 and not retrained.training
     with pytest.raises(TypeError, match="retrain must be a bool"):
-        load_or_train_transformer(tmp_path, retrain="yes")
+        load_or_train(recipe, tmp_path, retrain="yes")
 
 
 def test_bad_inputs_name_the_argument() -> None:
@@ -186,10 +188,9 @@ def test_bad_inputs_name_the_argument() -> None:
 def test_shipped_checkpoint_matches_its_manifest_and_the_recipe() -> None:
     from dataclasses import asdict
 
-    from attention_core.transformer_training import CHECKPOINT_DIR
-
-    entry = json.loads((CHECKPOINT_DIR / TRANSFORMER_MANIFEST).read_text())["transformer"]
-    assert entry["recipe"] == asdict(TRANSFORMER_RECIPE), "retrain with scripts/train_transformer_checkpoint.py"
-    model = load_transformer_checkpoint(CHECKPOINT_DIR / entry["file"], entry["sha256"])
+    entry = json.loads((CHECKPOINT_DIR / MANIFEST).read_text())["transformer"]
+    assert entry["recipe"] == asdict(TRANSFORMER_RECIPE), "python -m attention_core.translation.train transformer"
+    model = load_checkpoint(CHECKPOINT_DIR / entry["file"], entry["sha256"], build_model)
+    assert isinstance(model, Seq2SeqTransformer)
     assert sum(p.numel() for p in model.parameters()) == entry["parameters"]
     assert len(entry["losses"]) * entry["loss_every"] == TRANSFORMER_RECIPE.steps

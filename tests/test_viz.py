@@ -1,4 +1,4 @@
-"""Plotting helpers (attention_core.viz) and notebook helpers (attention_core.notebook)."""
+"""Plotting helpers (attention_core.booktools.plots) and notebook helpers (attention_core.booktools.session)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import attention_core as ac  # noqa: E402
-from attention_core import notebook, viz  # noqa: E402
-from attention_core.data import make_regression_data  # noqa: E402
+from attention_core.booktools import plots as viz  # noqa: E402
+from attention_core.booktools import session as notebook  # noqa: E402
+from attention_core.booktools import widgets  # noqa: E402
+from attention_core.regression_data import make_regression_data  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -95,7 +97,7 @@ def test_plot_lines_curves_markers_and_log_axes() -> None:
 
 def test_bandwidth_explorer_redraws_on_change() -> None:
     ds = make_regression_data(n_train=20, n_test=30)
-    box = viz.bandwidth_explorer(ds.x_train, ds.y_train, ds.x_test, ds.y_test, bandwidth=0.2)
+    box = widgets.bandwidth_explorer(ds.x_train, ds.y_train, ds.x_test, ds.y_test, bandwidth=0.2)
     assert box.slider.value == pytest.approx(0.2) and box.kernel.value == "gaussian"
     png = bytes(box.image.value)
     assert png.startswith(b"\x89PNG")
@@ -131,7 +133,7 @@ def test_progress_is_silent_when_disabled(monkeypatch, capsys) -> None:
 
 def test_bandwidth_explorer_carries_a_static_version_for_the_site() -> None:
     ds = make_regression_data(n_train=20, n_test=30)
-    box = viz.bandwidth_explorer(
+    box = widgets.bandwidth_explorer(
         ds.x_train, ds.y_train, ds.x_test, ds.y_test, bandwidth=0.3, static_bandwidths=(0.1, 0.3, 1.0)
     )
     data = box._repr_mimebundle_()
@@ -141,5 +143,5 @@ def test_bandwidth_explorer_carries_a_static_version_for_the_site() -> None:
     assert 'max="2"' in markup and 'value="1"' in markup  # three frames, the initial h = 0.3 shown first
     assert markup == box.static_html()  # same content, same element ids: outputs repeat
     assert plt.get_fignums() == []
-    plain = viz.bandwidth_explorer(ds.x_train, ds.y_train, ds.x_test, ds.y_test, static_bandwidths=None)
+    plain = widgets.bandwidth_explorer(ds.x_train, ds.y_train, ds.x_test, ds.y_test, static_bandwidths=None)
     assert "text/html" not in plain._repr_mimebundle_()

@@ -1,21 +1,19 @@
-"""Small helpers that every chapter's first cell calls: seeding, print and plot defaults, progress bars.
+"""What every chapter's first cell calls: seeding, print and plot defaults, the device.
 
 ``setup`` makes a notebook's outputs repeat run after run (with ``OMP_NUM_THREADS=1`` set by the canonical
-execution). ``progress`` is a tqdm bar that the canonical run switches off (``AC_PROGRESS=0``), because a
-bar writes timings, which would make the stored outputs differ on every run.
+execution). Progress bars live in :mod:`attention_core.progress` (the library's training loops use them too);
+``progress`` is re-exported here for the chapters.
 """
 
 from __future__ import annotations
 
-import os
 import random
-from typing import Any, Iterable, Iterator, TypeVar
 
 import torch
 
-__all__ = ["OKABE_ITO", "progress", "progress_enabled", "setup"]
+from attention_core.progress import progress, progress_enabled
 
-T = TypeVar("T")
+__all__ = ["OKABE_ITO", "progress", "progress_enabled", "setup"]
 
 # Okabe & Ito's palette, distinguishable under the common colour-vision deficiencies (black dropped:
 # the book draws the ground truth in black).
@@ -69,21 +67,3 @@ def _set_plot_defaults() -> None:
 
     mpl.rcParams.update(PLOT_DEFAULTS)
     mpl.rcParams["axes.prop_cycle"] = cycler(color=list(OKABE_ITO))
-
-
-def progress_enabled() -> bool:
-    """False when the environment variable ``AC_PROGRESS`` is ``"0"`` (the canonical, repeatable runs)."""
-    return os.environ.get("AC_PROGRESS", "1") != "0"
-
-
-def progress(iterable: Iterable[T], **kwargs: Any) -> Iterator[T]:
-    """Wrap ``iterable`` in a tqdm progress bar (a widget in Jupyter, text in a terminal).
-
-    The bar is disabled when ``AC_PROGRESS=0``, so that no timing text lands in a stored notebook.
-    Keyword arguments go to ``tqdm.auto.tqdm`` (e.g. ``desc=``, ``total=``); an explicit ``disable=``
-    wins over the environment.
-    """
-    from tqdm.auto import tqdm
-
-    kwargs.setdefault("disable", not progress_enabled())
-    return tqdm(iterable, **kwargs)

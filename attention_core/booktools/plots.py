@@ -10,24 +10,20 @@ inline backend shows the figure exactly once, at the end of the cell.
 from __future__ import annotations
 
 import io
-import math
 from typing import Any, Callable, Mapping, Sequence, Union
 
-import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from attention_core.notebook import OKABE_ITO
+from attention_core.booktools.session import OKABE_ITO
 
 __all__ = [
-    "BandwidthExplorer",
     "HEATMAP_CMAP",
     "OKABE_ITO",
     "TRUTH_COLOR",
-    "bandwidth_explorer",
     "figure_to_png",
     "plot_attention",
     "plot_kernels",
@@ -272,119 +268,3 @@ def figure_to_png(fig: Figure, dpi: int = 100) -> bytes:
     return buf.getvalue()
 
 
-class BandwidthExplorer(widgets.VBox):
-    """An interactive Nadaraya-Watson fit: a bandwidth slider and a kernel menu over a live figure.
-
-    The figure shows the fit (left) and the attention weights of one query over the keys (right); a text
-    line reports the test error. The figure is drawn off-screen into an ``ipywidgets.Image``, not through
-    an ``Output`` widget, so it never leaks into the cell's own outputs (under nbval, say) and the saved
-    widget state holds it. Displayed with ipywidgets 8, the output also carries a static version for the
-    rendered site, where no kernel runs: a slider over precomputed frames, one per bandwidth in
-    ``static_bandwidths`` (see :mod:`attention_core.static`). Works with ipywidgets 7.7 and 8.x.
-
-    Attributes:
-        slider: the ``FloatLogSlider`` for ``h`` (0.01 to 10).
-        kernel: the kernel ``Dropdown``.
-        summary: a ``Label`` with the kernel, ``h`` and the test error.
-        image: the ``Image`` holding the current figure as PNG.
-    """
-
-    def __init__(
-        self,
-        x_train: torch.Tensor,
-        y_train: torch.Tensor,
-        x_test: torch.Tensor,
-        y_test: torch.Tensor,
-        kernels: Sequence[str] = ("gaussian", "boxcar", "epanechnikov"),
-        bandwidth: float = 0.3,
-        query: float = 2.5,
-        static_bandwidths: Sequence[float] | None = (0.02, 0.05, 0.15, 0.3, 0.6, 1.5),
-    ) -> None:
-        self._data = (x_train, y_train, x_test, y_test)
-        self._query = float(query)
-        self.static_bandwidths = None if static_bandwidths is None else [float(h) for h in static_bandwidths]
-        self.slider = widgets.FloatLogSlider(
-            value=bandwidth, base=10, min=-2, max=1, step=0.05, description="h", readout_format=".3f",
-            continuous_update=False,
-        )
-        self.kernel = widgets.Dropdown(options=list(kernels), value=kernels[0], description="kernel")
-        self.summary = widgets.Label()
-        self.image = widgets.Image(format="png")
-        super().__init__(children=[widgets.HBox([self.kernel, self.slider]), self.summary, self.image])
-        self.slider.observe(self.redraw, names="value")
-        self.kernel.observe(self.redraw, names="value")
-        self.redraw()
-
-    def figure(self, bandwidth: float, kernel: str) -> tuple[Figure, float]:
-        """The explorer's figure for one setting (an off-screen ``Figure``) and the test error it shows."""
-        from attention_core.kernel_regression import nadaraya_watson_weights
-
-        x_train, y_train, x_test, y_test = self._data
-        q = torch.tensor([self._query], dtype=x_train.dtype)
-        w = nadaraya_watson_weights(x_test, x_train, kernel, bandwidth)  # (m, n)
-        pred = w @ y_train  # (m, n) @ (n,) -> (m,)
-        mse = float((pred - y_test).pow(2).mean())
-        w_q = nadaraya_watson_weights(q, x_train, kernel, bandwidth)[0]  # (1, n) -> (n,)
-        fig = Figure(figsize=(9.0, 3.2), layout="constrained")  # not pyplot: no inline display, no leak
-        ax0, ax1 = fig.subplots(1, 2)
-        plot_regression(x_train, y_train, x_test, {f"NW, h = {bandwidth:.3f}": pred}, y_test, ax=ax0)
-        ax1.vlines(to_numpy(x_train), 0.0, to_numpy(w_q), color=OKABE_ITO[0], lw=1.5)
-        ax1.plot(to_numpy(x_train), to_numpy(w_q), "o", color=OKABE_ITO[0], ms=3)
-        for ax in (ax0, ax1):
-            ax.axvline(self._query, color="0.6", lw=0.8, ls=":")
-        ax1.set_xlabel("key $x_i$")
-        ax1.set_ylabel(f"weight $\\alpha({self._query:g}, x_i)$")
-        ax1.set_xlim(ax0.get_xlim())
-        fig.suptitle(f"{kernel} kernel, h = {bandwidth:.3f}: test MSE = {mse:.4f}", fontsize=10)
-        return fig, mse
-
-    def redraw(self, *_: Any) -> None:
-        """Redraw for the current slider and menu values (called on every change)."""
-        h, name = float(self.slider.value), self.kernel.value
-        fig, mse = self.figure(h, name)
-        self.summary.value = f"{name} kernel, h = {h:.3f}: test MSE = {mse:.4f}"
-        self.image.value = figure_to_png(fig)
-
-    def static_html(self) -> str:
-        """The kernel-free version: a slider over one precomputed frame per static bandwidth."""
-        from attention_core.static import frame_slider
-
-        hs = self.static_bandwidths or [float(self.slider.value)]
-        name = self.kernel.value
-        initial = min(range(len(hs)), key=lambda i: abs(math.log(hs[i] / float(self.slider.value))))
-        frames = [self.figure(h, name)[0] for h in hs]
-        return frame_slider(
-            frames, [f"{h:g}" for h in hs], label=f"bandwidth h ({name} kernel)",
-            alt=f"Nadaraya-Watson fit and the weights of the query x = {self._query:g}", initial=initial,
-        ).markup
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict | None:
-        # ipywidgets 8 displays widgets through this method; 7.x uses _ipython_display_ and never calls it.
-        parent = getattr(super(), "_repr_mimebundle_", None)
-        data = parent(**kwargs) if parent is not None else None
-        if data is None or self.static_bandwidths is None:
-            return data
-        return {**data, "text/html": self.static_html()}
-
-
-def bandwidth_explorer(
-    x_train: torch.Tensor,
-    y_train: torch.Tensor,
-    x_test: torch.Tensor,
-    y_test: torch.Tensor,
-    kernels: Sequence[str] = ("gaussian", "boxcar", "epanechnikov"),
-    bandwidth: float = 0.3,
-    query: float = 2.5,
-    static_bandwidths: Sequence[float] | None = (0.02, 0.05, 0.15, 0.3, 0.6, 1.5),
-) -> BandwidthExplorer:
-    """A :class:`BandwidthExplorer` for the training pairs (keys, values) and the test grid.
-
-    Args:
-        x_train, y_train: (n,) training pairs (keys and values).
-        x_test, y_test: (m,) test inputs (queries) and true function values.
-        kernels: the kernel names on offer (the first is selected).
-        bandwidth: the slider's initial ``h`` (log-scaled slider from 0.01 to 10).
-        query: the query whose weights are drawn on the right.
-        static_bandwidths: the frames of the static version for the rendered site (None: no static version).
-    """
-    return BandwidthExplorer(x_train, y_train, x_test, y_test, kernels, bandwidth, query, static_bandwidths)

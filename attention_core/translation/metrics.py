@@ -13,8 +13,9 @@ from typing import Iterable, List, Optional, Sequence
 
 import torch
 
-from attention_core.seq2seq import Seq2Seq, greedy_decode
-from attention_core.seq2seq_data import EOS, NumberWords, Pair, Vocab, batches, length_buckets
+from attention_core.translation.data import EOS, NumberWords, Pair, Vocab, batches, length_buckets
+from attention_core.translation.protocol import EncoderDecoder
+from attention_core.translation.rnn import greedy_decode
 
 __all__ = [
     "BUCKET_EDGES",
@@ -102,13 +103,13 @@ class Evaluation:
         return rows
 
 
-def evaluate(model: Seq2Seq, pairs: Sequence[Pair], src_vocab: Optional[Vocab] = None,
+def evaluate(model: EncoderDecoder, pairs: Sequence[Pair], src_vocab: Optional[Vocab] = None,
              tgt_vocab: Optional[Vocab] = None, batch_size: int = 500, max_len: Optional[int] = None,
              device: Optional[torch.device] = None) -> Evaluation:
     """Greedy-decode every source in ``pairs`` and score it against its target.
 
     Args:
-        model: a trained :class:`~attention_core.seq2seq.Seq2Seq`.
+        model: a trained :class:`~attention_core.translation.EncoderDecoder` (RNN or Transformer).
         pairs: ``(source tokens, target tokens)`` examples.
         src_vocab, tgt_vocab: the task's vocabularies (default: those of :class:`NumberWords`).
         batch_size: examples decoded at once.
@@ -142,13 +143,13 @@ def book_test_set(n: int = TEST_SIZE, seed: int = TEST_SEED) -> List[Pair]:
     return NumberWords().sample(n, seed)
 
 
-def evaluate_by_bucket(model: Seq2Seq, pairs: Sequence[Pair], edges: Sequence[int] = BUCKET_EDGES,
+def evaluate_by_bucket(model: EncoderDecoder, pairs: Sequence[Pair], edges: Sequence[int] = BUCKET_EDGES,
                        batch_size: int = 500, device: Optional[torch.device] = None) -> dict:
     """Greedy-decode ``pairs`` in batches and score them overall and per source-length bucket.
 
-    Works for any model with the interface of :class:`~attention_core.seq2seq.Seq2Seq` (``encode``,
+    Works for any model with the interface of :class:`~attention_core.translation.rnn.Seq2Seq` (``encode``,
     ``decoder.init_state``, ``decoder.step``, ``has_attention``), the Transformer of
-    :mod:`attention_core.transformer_seq2seq` included. Uses the vocabularies of :class:`NumberWords`.
+    :mod:`attention_core.translation.transformer` included. Uses the vocabularies of :class:`NumberWords`.
 
     Args:
         model: a trained model.

@@ -8,9 +8,10 @@ should still be able to do:
 - :func:`quiz_html`: answer a multiple-choice question and get feedback;
 - :func:`answer_box_html`: type a number and have it checked against the expected value.
 
-:func:`with_static_fallback` pairs a live widget with such HTML in one output: Jupyter and Colab show
-the widget, the site (which prefers ``text/html`` over a widget view, see ``_config.yml``) shows the
-HTML. Element ids are derived from the content, so re-running a notebook gives identical outputs.
+:class:`StaticTwin` (a mixin for widget classes) and :func:`with_static_fallback` (for a widget assembled
+in a cell) pair a live widget with such HTML in one output: Jupyter and Colab show the widget, the site
+(which prefers ``text/html`` over a widget view, see ``_config.yml``) shows the HTML. Element ids are
+derived from the content, so re-running a notebook gives identical outputs.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import hashlib
 import html
 import io
 import json
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 __all__ = [
     "HTML",
     "StaticFallback",
+    "StaticTwin",
     "answer_box_html",
     "figure_to_data_uri",
     "frame_slider",
@@ -46,7 +48,7 @@ class HTML:
         return self.markup
 
     def __repr__(self) -> str:
-        return f"<attention_core.static.HTML, {len(self.markup)} characters>"
+        return f"<attention_core.booktools.static.HTML, {len(self.markup)} characters>"
 
 
 def _uid(kind: str, *parts: Any) -> str:
@@ -84,7 +86,7 @@ def frame_slider(
         dpi: resolution of rendered figures.
 
     Returns:
-        An :class:`~attention_core.static.HTML` object; display it in a notebook cell.
+        An :class:`~attention_core.booktools.static.HTML` object; display it in a notebook cell.
 
     Raises:
         ValueError: if ``frames`` is empty, lengths differ, or ``initial`` is out of range.
@@ -187,31 +189,57 @@ def answer_box_html(prompt: str, expected: float, *, rtol: float = 1e-2, atol: f
     return HTML(markup)
 
 
-class StaticFallback:
-    """Displays a live widget (Jupyter, Colab) and static HTML (the rendered site) as one output.
+def _bundle_with_html(widget: Any, markup: str, include: Any = None, exclude: Any = None) -> dict:
+    """The display data of ``widget`` (a widget view) plus ``text/html`` = ``markup``."""
+    parent = getattr(widget, "_repr_mimebundle_", None)
+    if parent is not None:  # ipywidgets 8
+        data = dict(parent(include=include, exclude=exclude) or {})
+    else:  # ipywidgets 7.x has no mimebundle method: build the view reference by hand
+        data = {
+            "text/plain": repr(widget),
+            "application/vnd.jupyter.widget-view+json": {
+                "version_major": 2,
+                "version_minor": 0,
+                "model_id": widget.model_id,
+            },
+        }
+    if markup:
+        data["text/html"] = markup
+    return data
 
-    Its display data holds both the widget view and ``text/html``; the site's ``_config.yml`` ranks
-    ``text/html`` first, so the page shows the HTML, while Jupyter and Colab show the widget.
+
+class StaticTwin:
+    """Mixin for a widget class that has a kernel-free twin: ``class MyExplorer(StaticTwin, widgets.VBox)``.
+
+    The subclass implements :meth:`static_html`. Displayed with ipywidgets 8, the output holds both the widget
+    view and ``text/html``; the site's ``_config.yml`` ranks ``text/html`` first, so the page shows the twin
+    while Jupyter and Colab show the live widget. (ipywidgets 7.x displays through ``_ipython_display_`` and
+    never asks for the bundle: there the widget displays as before.)
     """
+
+    def static_html(self) -> str:
+        """The kernel-free markup; ``""`` for none."""
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Optional[dict]:
+        parent = getattr(super(), "_repr_mimebundle_", None)
+        data = parent(include=include, exclude=exclude) if parent is not None else None
+        if data is None:
+            return None
+        markup = self.static_html()
+        return {**data, "text/html": markup} if markup else data
+
+
+class StaticFallback:
+    """Displays a live widget (Jupyter, Colab) and static HTML (the rendered site) as one output: the same
+    display data as :class:`StaticTwin`, for a widget assembled in a notebook cell."""
 
     def __init__(self, widget: Any, static: HTML) -> None:
         self.widget = widget
         self.static = static
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        if hasattr(self.widget, "_repr_mimebundle_"):  # ipywidgets 8
-            data = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
-        else:  # ipywidgets 7.x has no mimebundle method: build the view reference by hand
-            data = {
-                "text/plain": repr(self.widget),
-                "application/vnd.jupyter.widget-view+json": {
-                    "version_major": 2,
-                    "version_minor": 0,
-                    "model_id": self.widget.model_id,
-                },
-            }
-        data["text/html"] = self.static.markup
-        return data
+        return _bundle_with_html(self.widget, self.static.markup, include, exclude)
 
 
 def with_static_fallback(widget: Any, static: HTML) -> StaticFallback:

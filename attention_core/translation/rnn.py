@@ -17,7 +17,7 @@ The decoders differ in what each step reads:
   state ``h~_t = tanh(W_c [c_t; h_t])`` from which the next token is predicted.
 
 :class:`Seq2Seq` runs a decoder under teacher forcing (``forward``) or greedily (:func:`greedy_decode`), and
-:func:`build_model` makes any of them from a plain dict, which is what checkpoints store.
+:func:`build_rnn_model` makes any of them from a plain dict, which is what checkpoints store.
 """
 
 from __future__ import annotations
@@ -29,21 +29,22 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attention_core._checks import check_source_batch, fmt_shape
+from attention_core._checks import fmt_shape
 from attention_core.masks import padding_mask
 from attention_core.rnn_attention import AdditiveAttention, LuongAttention
-from attention_core.seq2seq_data import BOS_ID, EOS_ID, PAD_ID
+from attention_core.translation.data import BOS_ID, EOS_ID, PAD_ID, check_source_batch
+from attention_core.translation.protocol import EncoderDecoder
 
 __all__ = [
     "BahdanauDecoder",
     "DecodeResult",
     "Encoder",
-    "EncoderOutput",
+    "SourceEncoding",
     "LuongDecoder",
     "PlainDecoder",
     "Seq2Seq",
-    "attention_scores",
-    "build_model",
+    "alignment_scores",
+    "build_rnn_model",
     "count_parameters",
     "greedy_decode",
 ]
@@ -52,7 +53,7 @@ State = Any
 
 
 @dataclass
-class EncoderOutput:
+class SourceEncoding:
     """What the encoder hands the decoder.
 
     Attributes:
@@ -82,7 +83,7 @@ class Encoder(nn.Module):
         self.rnn = nn.GRU(embed_dim, hidden_dim, batch_first=True, bidirectional=bidirectional)
         self.output_dim = hidden_dim * (2 if bidirectional else 1)
 
-    def forward(self, src: torch.Tensor, src_valid_lens: torch.Tensor) -> EncoderOutput:
+    def forward(self, src: torch.Tensor, src_valid_lens: torch.Tensor) -> SourceEncoding:
         """Encode (B, S) ids whose first ``src_valid_lens[b]`` entries are real."""
         B, S = src.shape
         packed = pack_padded_sequence(self.embedding(src), src_valid_lens.cpu(), batch_first=True,
@@ -90,7 +91,7 @@ class Encoder(nn.Module):
         out, h_n = self.rnn(packed)  # h_n: (directions, B, H)
         outputs, _ = pad_packed_sequence(out, batch_first=True, total_length=S)  # (B, S, Dk)
         final = torch.cat(list(h_n), dim=-1)  # (directions, B, H) -> (B, Dk)
-        return EncoderOutput(outputs, final, padding_mask(src_valid_lens, S))
+        return SourceEncoding(outputs, final, padding_mask(src_valid_lens, S))
 
 
 class _GRUDecoder(nn.Module):
@@ -103,7 +104,7 @@ class _GRUDecoder(nn.Module):
         self.bridge = nn.Linear(enc_dim, hidden_dim)  # s_0 = tanh(W_init h_final)
         self.cell = nn.GRUCell(input_dim, hidden_dim)
 
-    def _check_enc(self, enc: EncoderOutput) -> None:
+    def _check_enc(self, enc: SourceEncoding) -> None:
         if enc.outputs.shape[-1] != self.enc_dim:
             raise ValueError(f"encoder outputs have {enc.outputs.shape[-1]} features but the decoder was built "
                              f"with enc_dim={self.enc_dim}")
@@ -119,11 +120,11 @@ class PlainDecoder(_GRUDecoder):
         super().__init__(vocab_size, embed_dim, hidden_dim, enc_dim, embed_dim + enc_dim)
         self.out = nn.Linear(hidden_dim + enc_dim + embed_dim, vocab_size)
 
-    def init_state(self, enc: EncoderOutput) -> torch.Tensor:
+    def init_state(self, enc: SourceEncoding) -> torch.Tensor:
         self._check_enc(enc)
         return torch.tanh(self.bridge(enc.final))  # (B, Dk) -> (B, H)
 
-    def step(self, y_prev: torch.Tensor, state: torch.Tensor, enc: EncoderOutput, t: int
+    def step(self, y_prev: torch.Tensor, state: torch.Tensor, enc: SourceEncoding, t: int
              ) -> Tuple[torch.Tensor, torch.Tensor, None]:
         emb = self.embedding(y_prev)  # (B,) -> (B, E)
         s = self.cell(torch.cat([emb, enc.final], -1), state)  # (B, E + Dk) -> (B, H)
@@ -150,13 +151,13 @@ class BahdanauDecoder(_GRUDecoder):
         self.attention = AdditiveAttention(hidden_dim, enc_dim, attn_dim or hidden_dim)
         self.out = nn.Linear(hidden_dim + enc_dim + embed_dim, vocab_size)
 
-    def init_state(self, enc: EncoderOutput) -> Tuple[torch.Tensor, torch.Tensor]:
+    def init_state(self, enc: SourceEncoding) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(s_0, W_k h)``: the first state and the keys' projection, computed once per sentence."""
         self._check_enc(enc)
         s0 = torch.tanh(self.bridge(enc.final))  # (B, Dk) -> (B, H)
         return s0, self.attention.project_key(enc.outputs)  # (B, S, Dk) -> (B, S, A)
 
-    def step(self, y_prev: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor], enc: EncoderOutput, t: int
+    def step(self, y_prev: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor], enc: SourceEncoding, t: int
              ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         s_prev, keys = state
         emb = self.embedding(y_prev)  # (B,) -> (B, E)
@@ -187,13 +188,13 @@ class LuongDecoder(_GRUDecoder):
         self.combine = nn.Linear(enc_dim + hidden_dim, hidden_dim, bias=False)  # W_c
         self.out = nn.Linear(hidden_dim, vocab_size)  # W_s
 
-    def init_state(self, enc: EncoderOutput) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def init_state(self, enc: SourceEncoding) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(h_0, h~_0 = 0, projected keys)``; the keys' projection is computed once per sentence."""
         self._check_enc(enc)
         h = torch.tanh(self.bridge(enc.final))  # (B, Dk) -> (B, H)
         return h, torch.zeros_like(h), self.attention.project_key(enc.outputs)
 
-    def step(self, y_prev: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], enc: EncoderOutput,
+    def step(self, y_prev: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], enc: SourceEncoding,
              t: int) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         h_prev, h_tilde_prev, keys = state
         x = self.embedding(y_prev)  # (B,) -> (B, E)
@@ -212,7 +213,7 @@ class Seq2Seq(nn.Module):
     Args:
         encoder: an :class:`Encoder`.
         decoder: a :class:`PlainDecoder`, :class:`BahdanauDecoder` or :class:`LuongDecoder`.
-        config: the dict :func:`build_model` made it from (stored in checkpoints); optional.
+        config: the dict :func:`build_rnn_model` made it from (stored in checkpoints); optional.
     """
 
     def __init__(self, encoder: Encoder, decoder: nn.Module, config: Optional[Dict[str, Any]] = None) -> None:
@@ -227,7 +228,7 @@ class Seq2Seq(nn.Module):
     def has_attention(self) -> bool:
         return not isinstance(self.decoder, PlainDecoder)
 
-    def encode(self, src: torch.Tensor, src_valid_lens: torch.Tensor) -> EncoderOutput:
+    def encode(self, src: torch.Tensor, src_valid_lens: torch.Tensor) -> SourceEncoding:
         """Validate the source and encode it."""
         check_source_batch(src, src_valid_lens)
         return self.encoder(src, src_valid_lens)
@@ -272,7 +273,7 @@ class DecodeResult:
 
 
 @torch.no_grad()
-def greedy_decode(model: Seq2Seq, src: torch.Tensor, src_valid_lens: torch.Tensor, max_len: int = 20
+def greedy_decode(model: EncoderDecoder, src: torch.Tensor, src_valid_lens: torch.Tensor, max_len: int = 20
                   ) -> DecodeResult:
     """Decode by taking the most likely token at each step, until every row emitted ``<eos>``."""
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
@@ -303,8 +304,8 @@ def greedy_decode(model: Seq2Seq, src: torch.Tensor, src_valid_lens: torch.Tenso
 
 
 @torch.no_grad()
-def attention_scores(model: Seq2Seq, src: torch.Tensor, src_valid_lens: torch.Tensor, tgt_in: torch.Tensor,
-                     return_queries: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+def alignment_scores(model: Seq2Seq, src: torch.Tensor, src_valid_lens: torch.Tensor, tgt_in: torch.Tensor,
+                   return_queries: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Raw alignment scores ``e_tj`` (before any softmax or window) under teacher forcing: (B, T, S).
 
     The query of step t is what each decoder really asks with: the previous state ``s_{t-1}`` for
@@ -331,7 +332,7 @@ def attention_scores(model: Seq2Seq, src: torch.Tensor, src_valid_lens: torch.Te
 MODEL_KINDS = ("plain", "bahdanau", "luong")
 
 
-def build_model(config: Dict[str, Any]) -> Seq2Seq:
+def build_rnn_model(config: Dict[str, Any]) -> Seq2Seq:
     """Build a :class:`Seq2Seq` from a plain dict (what checkpoints store).
 
     Keys: ``kind`` (``"plain"``, ``"bahdanau"`` or ``"luong"``), ``src_vocab_size``, ``tgt_vocab_size``,

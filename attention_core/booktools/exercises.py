@@ -1,6 +1,6 @@
 """Self-check widgets for the exercises: type an answer (or pick an option), press Check, read the feedback.
 
-Displayed with ipywidgets 8, each widget also carries a static HTML version (see :mod:`attention_core.static`)
+Displayed with ipywidgets 8, each widget also carries a static HTML version (see :mod:`attention_core.booktools.static`)
 that the rendered site shows, so readers can check answers there without a kernel. The logic lives in
 plain functions and methods (:func:`check`, :meth:`ValueCheck.evaluate`,
 :meth:`Quiz.evaluate`) that work without a Jupyter kernel, so they are unit-tested, and a chapter can print
@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 import ipywidgets as widgets
 import numpy as np
+
+from attention_core.booktools.static import StaticTwin, answer_box_html, quiz_html
 
 __all__ = ["CORRECT", "NOT_YET", "Quiz", "ValueCheck", "check", "check_value", "parse_number", "quiz"]
 
@@ -91,20 +93,7 @@ def _render(message: str, ok: bool | None) -> str:
     return f'<span style="color:{_COLORS[ok]}">{html.escape(message)}</span>'
 
 
-def _with_static_html(widget: Any, cls: type, kwargs: dict) -> dict | None:
-    """The widget's display data plus its static HTML, which the rendered site shows instead.
-
-    ipywidgets 8 displays widgets through ``_repr_mimebundle_``; 7.x (Colab) uses ``_ipython_display_`` and
-    never calls it, so there the widget displays exactly as before.
-    """
-    parent = getattr(super(cls, widget), "_repr_mimebundle_", None)
-    data = parent(**kwargs) if parent is not None else None
-    if data is None:
-        return None
-    return {**data, "text/html": widget.static_html()}
-
-
-class ValueCheck(widgets.VBox):
+class ValueCheck(StaticTwin, widgets.VBox):
     """A numeric self-check: a text box, a Check button and a feedback line.
 
     Attributes:
@@ -144,12 +133,9 @@ class ValueCheck(widgets.VBox):
 
     def static_html(self) -> str:
         """The kernel-free version for the rendered site: a number box checked in the browser."""
-        from attention_core.static import answer_box_html
 
         return answer_box_html(self.name, self.expected, rtol=self.rtol, atol=self.atol).markup
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict | None:
-        return _with_static_html(self, ValueCheck, kwargs)
 
     def _on_click(self, _button: Any = None) -> None:
         message = self.evaluate(self.answer.value)
@@ -157,7 +143,7 @@ class ValueCheck(widgets.VBox):
         self.feedback.value = _render(message, ok)
 
 
-class Quiz(widgets.VBox):
+class Quiz(StaticTwin, widgets.VBox):
     """A multiple-choice question: radio buttons, a Check button and a feedback line.
 
     Attributes:
@@ -195,13 +181,10 @@ class Quiz(widgets.VBox):
 
     def static_html(self) -> str:
         """The kernel-free version for the rendered site: option buttons that give feedback on a click."""
-        from attention_core.static import quiz_html
 
         options = list(self.options.options)
         return quiz_html(self.question, options, self.answer_index, self.explanation).markup
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict | None:
-        return _with_static_html(self, Quiz, kwargs)
 
     def _on_click(self, _button: Any = None) -> None:
         index = self.options.index

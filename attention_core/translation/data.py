@@ -32,6 +32,8 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
+from attention_core._checks import check_tensor, fmt_shape
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS: Tuple[str, ...] = (PAD, BOS, EOS, UNK)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -249,3 +251,23 @@ def length_buckets(lengths: Sequence[int], edges: Sequence[int]) -> List[int]:
             raise ValueError(f"length {n} is outside the bucket edges [{edges[0]}, {edges[-1]})")
         out.append(max(i for i in range(len(edges) - 1) if edges[i] <= n))
     return out
+
+
+def check_source_batch(src: object, src_valid_lens: object) -> tuple[int, int]:
+    """Validate a batch of source ids for the encoder-decoders; return its (B, S).
+
+    ``src`` must be (B, S) int64 ids and ``src_valid_lens`` (B,) integers in [1, S]: row b's first
+    ``src_valid_lens[b]`` ids are real, the rest padding.
+    """
+    check_tensor(src, "src")
+    check_tensor(src_valid_lens, "src_valid_lens")
+    if src.dim() != 2 or src.dtype != torch.long:
+        raise ValueError(f"src must be (B, S) int64 ids, got shape {fmt_shape(src.shape)} dtype {src.dtype}")
+    B, S = src.shape
+    if src_valid_lens.shape != (B,) or src_valid_lens.is_floating_point():
+        raise ValueError(f"src_valid_lens must be (B,) = ({B},) integers, got shape "
+                         f"{fmt_shape(src_valid_lens.shape)} dtype {src_valid_lens.dtype}")
+    if B and (int(src_valid_lens.min()) < 1 or int(src_valid_lens.max()) > S):
+        raise ValueError(f"src_valid_lens must lie in [1, S={S}] (the encoder output has {S} positions), "
+                         f"got {src_valid_lens.tolist()}")
+    return B, S

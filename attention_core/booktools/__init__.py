@@ -1,0 +1,9 @@
+"""What only the book's chapters use: a wing of its own, beside the attention core (which never imports it).
+
+- :mod:`~attention_core.booktools.session`: ``setup`` (seeds, print and plot defaults, the device);
+- :mod:`~attention_core.booktools.plots` and :mod:`~attention_core.booktools.seq2seq_plots`: one look for
+  every figure;
+- :mod:`~attention_core.booktools.widgets`: the interactive figures, each with a kernel-free twin;
+- :mod:`~attention_core.booktools.static`: the HTML twins themselves (frame sliders, quizzes, answer boxes);
+- :mod:`~attention_core.booktools.exercises`: self-checks and code exercises.
+"""

@@ -1,0 +1,16 @@
+"""The translation task of chapters 3, 4 and 8: number words to digits.
+
+A wing of its own, beside the attention core (which never imports it):
+
+- :mod:`~attention_core.translation.data`: the task (generated, seeded), vocabularies, padded batches;
+- :mod:`~attention_core.translation.rnn`: the RNN encoder-decoders (no attention, Bahdanau, Luong);
+- :mod:`~attention_core.translation.transformer`: the encoder-decoder Transformer built from the core's blocks;
+- :mod:`~attention_core.translation.metrics`: exact match, token accuracy, scores by source length;
+- :mod:`~attention_core.translation.train`: one training loop, one recipe type, the shipped checkpoints and the
+  command line that made them (``python -m attention_core.translation.train NAME | --all``);
+- :class:`EncoderDecoder`: the interface all models speak.
+"""
+
+from attention_core.translation.protocol import EncoderDecoder, StepDecoder
+
+__all__ = ["EncoderDecoder", "StepDecoder"]
