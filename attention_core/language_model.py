@@ -38,7 +38,7 @@ from torch import nn
 from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape
 from attention_core.functional import attention_with_weights, scaled_dot_product_attention
 from attention_core.masks import sliding_window_mask
-from attention_core.modules import MultiHeadAttention
+from attention_core.multihead import MultiHeadAttention
 from attention_core.positional import RotaryEmbedding
 
 __all__ = [

@@ -112,16 +112,34 @@ def load_corpus(val_fraction: float = 0.1, path: PathLike = TEXT_FILE, sha256: s
     return Corpus(vocab, ids[:n_train], ids[n_train:])
 
 
-def random_batch(ids: torch.Tensor, batch_size: int, context: int, generator: Optional[torch.Generator] = None
+def random_batch(ids: torch.Tensor, batch_size: int, context: int, generator: Optional[torch.Generator] = None,
+                 repeat_fraction: float = 0.0, repeat_periods: Tuple[int, int] = (16, 64)
                  ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``batch_size`` random crops of ``context + 1`` ids: inputs (B, context) and targets shifted by one."""
+    """``batch_size`` random crops of ``context + 1`` ids: inputs (B, context) and targets shifted by one.
+
+    With ``repeat_fraction`` > 0, that share of the rows (on average) is a *repeated* crop instead: a stretch of
+    ``p`` ids (``p`` drawn from ``repeat_periods``, both ends included) written again and again, so that from
+    the second copy on every next token can be read off its previous occurrence. Such text is what teaches a
+    model to copy in context (induction heads); natural text has it too, but rarely within a short context.
+    """
     check_tensor(ids, "ids")
     check_positive_int(batch_size, "batch_size")
     check_positive_int(context, "context")
     if ids.dim() != 1 or len(ids) <= context:
         raise ValueError(f"ids must be 1-D and longer than context={context}, got shape {fmt_shape(ids.shape)}")
+    if isinstance(repeat_fraction, bool) or not isinstance(repeat_fraction, (int, float)) \
+            or not 0 <= repeat_fraction <= 1:
+        raise ValueError(f"repeat_fraction must be a float in [0, 1], got {repeat_fraction!r}")
+    lo, hi = repeat_periods
+    if not 1 <= lo <= hi:
+        raise ValueError(f"repeat_periods must be (low, high) with 1 <= low <= high, got {repeat_periods!r}")
     starts = torch.randint(0, len(ids) - context, (batch_size,), generator=generator)  # (B,)
     crops = torch.stack([ids[s : s + context + 1] for s in starts.tolist()])  # (B, context + 1)
+    if repeat_fraction > 0:
+        repeat = torch.rand(batch_size, generator=generator) < repeat_fraction  # (B,)
+        periods = torch.randint(lo, hi + 1, (batch_size,), generator=generator)  # (B,)
+        for b in repeat.nonzero().flatten().tolist():
+            crops[b] = crops[b, torch.arange(context + 1) % periods[b]]  # period-p copy of the crop's start
     return crops[:, :-1], crops[:, 1:]
 
 

@@ -24,20 +24,13 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
+from attention_core.checkpoint import TrainLog, load_or_train_recipe, recipe_entry, record_in_manifest, save_checkpoint
 from attention_core.language_model import DecoderLM, build_language_model
-from attention_core.notebook import progress
+from attention_core.progress import progress
 from attention_core.shakespeare.data import Corpus, load_corpus, random_batch
-from attention_core.training import (
-    TrainLog,
-    load_or_train_recipe,
-    recipe_entry,
-    record_in_manifest,
-    save_checkpoint,
-)
 
 __all__ = [
     "CHECKPOINT_DIR",
-    "MANIFEST",
     "RECIPE",
     "LMRecipe",
     "evaluate_loss",
@@ -50,7 +43,6 @@ __all__ = [
 PathLike = Union[str, Path]
 #: Folder of the shipped checkpoint (package data) and its manifest.
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
-MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -59,7 +51,10 @@ class LMRecipe:
 
     Model: ``num_layers`` pre-LN blocks of width ``d_model`` with ``num_heads`` heads (``num_kv_heads`` key/value
     heads), trained on crops of ``context`` characters. Training: ``steps`` AdamW steps on ``batch_size`` random
-    crops from the training split (``data_seed``), learning rate warmed up linearly over ``warmup`` steps to
+    crops from the training split (``data_seed``), of which a share ``repeat_fraction`` are repeated crops (a
+    stretch of ``repeat_min`` to ``repeat_max`` characters written again and again, see
+    :func:`~attention_core.shakespeare.data.random_batch`: the copying signal that makes induction heads form
+    within this small budget), learning rate warmed up linearly over ``warmup`` steps to
     ``lr`` then decayed on a cosine to ``min_lr_ratio * lr``, weight decay on the matrices, gradient norm clipped
     at ``clip``. No dropout.
     """
@@ -78,6 +73,9 @@ class LMRecipe:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     clip: float = 1.0
+    repeat_fraction: float = 0.2
+    repeat_min: int = 16
+    repeat_max: int = 64
     seed: int = 0
     data_seed: int = 1
 
@@ -120,7 +118,9 @@ def train_language_model(recipe: LMRecipe = RECIPE, corpus: Optional[Corpus] = N
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, recipe)
-        x, y = (t.to(device or "cpu") for t in random_batch(corpus.train, recipe.batch_size, recipe.context, g))
+        x, y = random_batch(corpus.train, recipe.batch_size, recipe.context, g, recipe.repeat_fraction,
+                            (recipe.repeat_min, recipe.repeat_max))
+        x, y = x.to(device or "cpu"), y.to(device or "cpu")
         loss = F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())  # (B*L, V), (B*L,)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -161,7 +161,7 @@ def save_lm_checkpoint(model: DecoderLM, log: TrainLog, recipe: LMRecipe = RECIP
     """Write ``<recipe.name>.pt`` (config + weights) and its manifest entry (with ``extra`` fields)."""
     sha = save_checkpoint(model, Path(directory) / f"{recipe.name}.pt")
     entry = {**recipe_entry(recipe, model, log, sha, every=50), **(extra or {})}
-    record_in_manifest(directory, recipe.name, entry, MANIFEST)
+    record_in_manifest(directory, recipe.name, entry)
     return entry
 
 
@@ -176,7 +176,7 @@ def load_or_train_language_model(directory: PathLike = CHECKPOINT_DIR, retrain: 
     Returns:
         ``(model, entry)``: the model in eval mode and its manifest entry (``"sha256": None`` for a fresh run).
     """
-    return load_or_train_recipe(recipe, directory, MANIFEST, build_language_model,
+    return load_or_train_recipe(recipe, directory, build_language_model,
                                 lambda: train_language_model(recipe, device=device), retrain, device,
                                 "python -m attention_core.shakespeare.train")
 
@@ -190,11 +190,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     torch.set_num_threads(1)
     recipe = replace(RECIPE, steps=args.steps)
     corpus = load_corpus()
+    cpu_start = time.process_time()
     model, log = train_language_model(recipe, corpus)
+    cpu_seconds = time.process_time() - cpu_start
     val = evaluate_loss(model, corpus.val, recipe.context)
-    entry = save_lm_checkpoint(model, log, recipe, args.out, extra={"val_loss": round(val, 4)})
-    print(f"{recipe.name}: {entry['parameters']} parameters, {log.seconds:.0f} s, final training loss "
-          f"{sum(log.losses[-50:]) / len(log.losses[-50:]):.4f}, validation loss {val:.4f}, "
+    entry = save_lm_checkpoint(model, log, recipe, args.out,
+                               extra={"val_loss": round(val, 4), "train_cpu_seconds": round(cpu_seconds, 1)})
+    print(f"{recipe.name}: {entry['parameters']} parameters, {log.seconds:.0f} s ({cpu_seconds:.0f} s CPU), "
+          f"final training loss {sum(log.losses[-50:]) / len(log.losses[-50:]):.4f}, validation loss {val:.4f}, "
           f"sha256 {entry['sha256'][:12]}...", flush=True)
 
 
