@@ -1,7 +1,8 @@
 """Attention layers built on :func:`attention_core.scaled_dot_product_attention`.
 
-:class:`MultiHeadAttention` is batch-first, speaks the SDPA mask convention (True = attend) and supports
-grouped-query attention (``num_kv_heads < num_heads``). :meth:`MultiHeadAttention.from_torch` copies a
+:class:`attention_core.MultiHeadAttention` is batch-first, speaks the SDPA mask convention (True = attend) and
+supports grouped-query attention (``num_kv_heads < num_heads``). :meth:`attention_core.MultiHeadAttention.from_torch`
+copies a
 ``torch.nn.MultiheadAttention`` so the two can be compared number for number.
 """
 

@@ -3,13 +3,14 @@
 Usage: python scripts/execute_notebooks.py [NOTEBOOK ...]   (default: every book/*.ipynb)
 
 Each notebook runs top to bottom in a fresh kernel from its own folder (as nbval and Colab run it),
-with widget state saved so the site can show widgets. The Makefile's `execute` target sets the
-environment that makes outputs repeat (one thread, progress bars off, fixed hash seed).
+with widget state saved so the site can show widgets, in the environment that makes outputs repeat (one
+thread, progress bars off, fixed hash seed): the one conftest.py sets for nbval, so both run alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,11 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from conftest import NOTEBOOK_ENV  # noqa: E402  (one definition of the notebooks' environment)
+
+for _name, _value in NOTEBOOK_ENV.items():
+    os.environ.setdefault(_name, _value)
 BUDGET_S = 90.0  # every chapter must execute within this on the 2-core CPU machine
 
 

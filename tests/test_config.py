@@ -21,7 +21,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
-INSTALL = re.compile(r'%pip install -q "attention-core @ git\+(?P<url>https://[^"@]+?)(?:\.git)?(?:@[^"]+)?"')
+INSTALL = re.compile(
+    r'%pip install -q "attention-core(?:\[(?P<extras>[\w,]+)\])? @ git\+(?P<url>https://[^"@]+?)(?:\.git)?(?:@[^"]+)?"'
+)
 
 
 def _first_code_cell(path: Path) -> str:

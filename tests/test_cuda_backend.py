@@ -1,16 +1,19 @@
 """The hand-written CUDA backend: compile checks without a GPU, parity with one.
 
-CPU (CI): ``nvcc`` compiles the kernels for sm_75 (Colab's T4: level 1 and fp16 level 2) and for sm_80 (with
-the bf16 level-2 kernel), so a syntax or type error fails here, not on a reader's GPU; the torch binding is
-syntax-checked by the host compiler against torch's ATen headers (``load_inline`` adds the pybind11 module
-around it). The availability answer and the T4 fallback decision are checked with the GPU queries faked.
+CPU (CI): ``nvcc`` compiles the kernels for sm_75 (Colab's T4: level 1 and fp16 level 2), sm_80 and sm_90 in one
+arch list (the bf16 level-2 kernel only where bf16 WMMA exists), so a syntax or type error fails here, not on a
+reader's GPU; the torch binding is syntax-checked by the host compiler against torch's ATen headers
+(``load_inline`` adds the pybind11 module around it). The availability answer and the T4 fallback decision are
+checked with the GPU queries faked. The kernels are *executed* on the CPU in ``tests/test_cuda_on_cpu.py``.
 
 GPU (``-m gpu``, skipped without CUDA): both levels against the float64 reference, with poisoned outputs.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -20,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attention_core.backends import AttentionInputs, cuda_flash
+from attention_core.backends import AttentionInputs, cuda_flash, cuda_kernels
 from attention_core.backends.fused_checks import cuda_available, cuda_supports
 
 
@@ -33,15 +36,19 @@ def _find_nvcc() -> str | None:
 
 
 NVCC = _find_nvcc()
+CSRC = Path(cuda_kernels.__file__).parent / "csrc"
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (looked in PATH, $CUDA_HOME/bin and "
                                 "/usr/local/cuda/bin)")
 
 
-#: What each compile check runs: nvcc on the kernels for Colab's T4 (sm_75: level 1 and fp16 level 2) and for
-#: Ampere+ (sm_80, with the bf16 level-2 kernel); the host compiler on the binding. Optimisation is off
-#: (``-Xcicc -O0 -Xptxas -O0``): the front end still rejects every syntax and type error, and ptxas still
-#: checks the static shared memory against the 48 KB limit, in seconds instead of a minute.
-COMPILES = ["kernels_sm_75", "kernels_sm_80_bf16", "binding"]
+#: What each compile check runs: nvcc on the kernels for Colab's T4 (sm_75), Ampere (sm_80) and Hopper (sm_90) in
+#: ONE arch list, as torch builds the extension for a machine with mixed GPUs: once from the files in csrc/ (the
+#: same device code the CPU harness runs), once from KERNEL_SOURCE (the text load_inline compiles); the host
+#: compiler on the binding. Optimisation is off (``-Xcicc -O0 -Xptxas -O0``): the front end still rejects every
+#: syntax and type error, and ptxas still checks the static shared memory against the 48 KB limit, in seconds.
+COMPILES = ["kernels_files", "kernels_inline", "binding"]
+ARCHS = ["-gencode", "arch=compute_75,code=sm_75", "-gencode", "arch=compute_80,code=sm_80",
+         "-gencode", "arch=compute_90,code=sm_90"]
 
 
 def _compile_commands(tmp: Path) -> dict:
@@ -49,12 +56,11 @@ def _compile_commands(tmp: Path) -> dict:
 
     (tmp / "flash.cu").write_text(cuda_flash.KERNEL_SOURCE)
     (tmp / "binding.cpp").write_text(cuda_flash.BINDING_SOURCE)
-    nvcc = [NVCC, "-c", "-Xcicc", "-O0", "-Xptxas", "-O0", "--Werror", "all-warnings", *COMMON_NVCC_FLAGS,
-            str(tmp / "flash.cu")]
+    nvcc = [NVCC, "-c", "-Xcicc", "-O0", "-Xptxas", "-O0", "--Werror", "all-warnings", *COMMON_NVCC_FLAGS, *ARCHS]
     includes = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     return {
-        "kernels_sm_75": nvcc + ["-arch=sm_75", "-o", str(tmp / "flash75.o")],
-        "kernels_sm_80_bf16": nvcc + ["-arch=sm_80", "-DAC_WITH_BF16", "-o", str(tmp / "flash80.o")],
+        "kernels_files": nvcc + [str(CSRC / "flash_launch.cu"), "-o", str(tmp / "files.o")],
+        "kernels_inline": nvcc + [str(tmp / "flash.cu"), "-o", str(tmp / "inline.o")],
         "binding": ["c++", "-fsyntax-only", "-std=c++17", "-w", *includes, str(tmp / "binding.cpp")],
     }
 
@@ -82,9 +88,18 @@ def test_sources_compile(compiled: dict, name: str) -> None:
     assert rc == 0, log
 
 
-def test_sources_are_package_code() -> None:
-    """The sources are Python strings, so a pip install (Colab) carries them; the C entry point is in both."""
-    assert isinstance(cuda_flash.KERNEL_SOURCE, str) and isinstance(cuda_flash.BINDING_SOURCE, str)
+def test_sources_ship_with_the_package() -> None:
+    """Every csrc/ file matches a package-data glob of pyproject.toml (so a pip install, as in Colab, carries it),
+    KERNEL_SOURCE is self-contained (every csrc include written out), and the C entry point is in both sources."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    files = sorted(p.name for p in CSRC.iterdir() if p.is_file())
+    assert set(cuda_kernels.CSRC_FILES) <= set(files)
+    for name in files:
+        assert any(fnmatch.fnmatch(f"backends/csrc/{name}", g) for g in globs["attention_core"]), name
+    assert not re.search(r'#include "', cuda_flash.KERNEL_SOURCE)
+    assert cuda_kernels.DEVICE_SOURCE.replace("#pragma once\n", "") in cuda_flash.KERNEL_SOURCE  # the same device code
     for src in (cuda_flash.KERNEL_SOURCE, cuda_flash.BINDING_SOURCE):
         assert "int ac_flash_forward(" in src
     assert "void flash_forward(" in cuda_flash.BINDING_SOURCE
@@ -116,7 +131,7 @@ def test_supports_reasons() -> None:
 
 def test_bf16_on_sm75_falls_back_to_level1_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     """Colab's T4: bf16 has no WMMA before sm_80, so level 1 runs, with a warning, never a crash."""
-    monkeypatch.setattr(cuda_flash, "_all_devices_support_bf16_wmma", lambda: False)
+    monkeypatch.setattr(cuda_flash, "_bf16_wmma_on", lambda device: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     with pytest.warns(RuntimeWarning, match="sm_80"):
         assert cuda_flash._choose_level(torch.bfloat16, torch.device("cuda"), None) == 1

@@ -7,7 +7,16 @@ import pytest
 import torch
 
 from attention_core.booktools import exercises
-from attention_core.booktools.exercises import CORRECT, NOT_YET, check, check_value, parse_number, quiz
+from attention_core.booktools.exercises import (
+    CORRECT,
+    NOT_YET,
+    check,
+    check_value,
+    decode_answer,
+    encode_answer,
+    parse_number,
+    quiz,
+)
 
 
 @pytest.mark.parametrize(
@@ -41,7 +50,7 @@ def test_check_rejects_a_wrong_shape_and_a_bad_expected() -> None:
 
 
 def test_value_check_widget_gives_feedback_on_click() -> None:
-    w = check_value("f(0.9) =", expected=2.5, hint="Which keys are within h?", explanation="Keys 0.5 and 1.")
+    w = check_value("f(0.9) =", encode_answer(2.5), hint="Which keys are within h?", explanation="Keys 0.5 and 1.")
     assert w.feedback.value == ""
     w.answer.value = "2.5"
     w.button.click()
@@ -58,19 +67,19 @@ def test_value_check_widget_gives_feedback_on_click() -> None:
 
 
 def test_value_check_evaluate_matches_the_widget_and_escapes_html() -> None:
-    w = exercises.ValueCheck("x", 1.0, rtol=0.0, atol=1e-3, hint="<b>careful</b>")
+    w = exercises.ValueCheck("x", encode_answer(1.0), rtol=0.0, atol=1e-3, hint="<b>careful</b>")
     assert w.evaluate(1.0005).startswith(CORRECT)
     assert w.evaluate(1.01) == f"{NOT_YET}. <b>careful</b>"
     assert w.evaluate([1.0, 1.0]).startswith("Enter a single number")
     w.answer.value = "2"
     w.button.click()
     assert "&lt;b&gt;careful&lt;/b&gt;" in w.feedback.value  # user-facing text is escaped
-    with pytest.raises(ValueError, match="expected"):
+    with pytest.raises(ValueError, match="encode_answer"):
         exercises.ValueCheck("x", float("nan"))
 
 
 def test_value_check_layout() -> None:
-    w = check_value("scale s =", 4.0)
+    w = check_value("scale s =", encode_answer(4.0))
     row, feedback = w.children
     assert feedback is w.feedback
     assert list(row.children) == [w.answer, w.button]
@@ -105,11 +114,77 @@ def test_quiz_validates_its_arguments(options, answer_index, exc) -> None:
 
 
 def test_widgets_carry_static_html_for_the_site() -> None:
-    w = check_value("f(0.9) =", expected=2.5, rtol=1e-3)
+    w = check_value("f(0.9) =", encode_answer(2.5), rtol=1e-3)
     data = w._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in data and data["text/plain"].startswith("ValueCheck")
     assert 'class="ac-answer"' in data["text/html"] and "f(0.9) =" in data["text/html"]
-    assert "2.5" in data["text/html"] and data["text/html"] == w.static_html()
+    assert "2.5" not in data["text/html"] and encode_answer(2.5) in data["text/html"]
+    assert data["text/html"] == w.static_html()
     q = quiz("As h grows?", ["nearest value", "mean of values"], answer_index=1, explanation="Equal scores.")
     html = q._repr_mimebundle_()["text/html"]
     assert 'class="ac-quiz"' in html and html.count('data-correct="1"') == 1 and "Equal scores." in html
+
+
+def test_answers_are_encoded_and_never_shown() -> None:
+    enc = encode_answer(0.8808)
+    assert "0.8808" not in enc and decode_answer(enc) == 0.8808
+    w = check_value("weight", enc, rtol=5e-3, explanation="softmax of 4 and 2")
+    assert "0.88" not in w.static_html() and "softmax of 4" not in w.static_html()
+    assert w.accepts("0.881") and not w.accepts(0.5)
+    with pytest.raises(ValueError, match="encode_answer"):
+        check_value("weight", 0.8808)
+    with pytest.raises(ValueError, match="damaged"):
+        decode_answer("ac1:@@@")
+    with pytest.raises(ValueError, match="finite"):
+        encode_answer(float("nan"))
+
+
+def _softmax_spec() -> exercises.FunctionSpec:
+    from hypothesis import strategies as st
+
+    import attention_core as ac
+
+    def case(shape):
+        return st.tuples(
+            st.lists(st.floats(-5, 5, width=32), min_size=shape[0] * shape[1], max_size=shape[0] * shape[1]),
+            st.lists(st.booleans(), min_size=shape[0] * shape[1], max_size=shape[0] * shape[1]),
+        ).map(lambda t: (torch.tensor(t[0]).view(shape), torch.tensor(t[1]).view(shape)))
+
+    inputs = st.tuples(st.integers(1, 3), st.integers(1, 4)).flatmap(case)
+    return exercises.FunctionSpec("masked_softmax", reference=ac.masked_softmax, inputs=inputs, max_examples=40)
+
+
+def test_code_checker_accepts_reports_and_waits() -> None:
+    import attention_core as ac
+
+    spec = _softmax_spec()
+    assert exercises.check_function(lambda s, m: ac.masked_softmax(s, m), spec).passed
+
+    def naive(s, m):  # -inf fill without the guard: NaN on a fully masked row
+        return torch.softmax(s.masked_fill(~m, float("-inf")), -1)
+
+    report = exercises.check_function(naive, spec)
+    assert report.status == "failed" and "NaN" in report.message and "argument 1" in report.message
+    assert "expected" in report.message and "received" in report.message
+
+    def todo(s, m):
+        raise NotImplementedError
+
+    assert exercises.check_function(todo, spec).status == "todo"
+    assert "Colab" in exercises.check_function(todo, spec)._repr_html_()
+    crash = exercises.check_function(lambda s, m: s.view(-1, 7), spec)
+    assert crash.status == "failed" and "raised RuntimeError" in crash.message
+
+
+def test_prove_checker_and_value_check() -> None:
+    import attention_core as ac
+
+    spec = _softmax_spec()
+    line = exercises.prove_checker(spec, lambda s, m: ac.masked_softmax(s, m), lambda s, m: torch.softmax(s, -1))
+    assert "accepts the worked solution" in line
+    with pytest.raises(AssertionError, match="accepts a wrong solution"):
+        exercises.prove_checker(spec, lambda s, m: ac.masked_softmax(s, m), lambda s, m: ac.masked_softmax(s, m))
+    ex = check_value("x", encode_answer(2.0), rtol=0)
+    assert "accepts the worked answer" in exercises.prove_value_check(ex, 2.0, 3.0)
+    with pytest.raises(AssertionError, match="wrong answer is accepted"):
+        exercises.prove_value_check(ex, 2.0, 2.0)

@@ -120,3 +120,49 @@ def test_toc_lists_every_book_file_and_nothing_missing() -> None:
     on_disk = {str(p.relative_to(ROOT).with_suffix("")) for p in pages}
     assert on_disk - listed == set(), f"in book/ but not in _toc.yml: {sorted(on_disk - listed)}"
     assert listed - on_disk == set(), f"in _toc.yml but not in book/: {sorted(listed - on_disk)}"
+
+
+# --- exercises that teach without telling (the referee issue) ------------------------------------------
+
+CHAPTERS = [p for p in NOTEBOOKS if re.match(r"\d\d_", p.name)]
+
+
+@pytest.fixture(params=CHAPTERS, ids=[p.name for p in CHAPTERS])
+def chapter(request):
+    return nbformat.read(request.param, as_version=4)
+
+
+def _tags(cell) -> set:
+    return set(cell.metadata.get("tags", []))
+
+
+def test_objectives_first_and_a_summary_last(chapter) -> None:
+    first = next(c.source for c in chapter.cells if c.cell_type == "markdown")
+    assert "By the end of the chapter you will be able to" in first, "the first cell states no objectives"
+    headings = [c.source for c in chapter.cells if c.cell_type == "markdown" and c.source.startswith("## Summary")]
+    assert headings, "no '## Summary' section"
+
+
+def test_a_code_exercise_whose_checker_is_proven(chapter) -> None:
+    cells = _code_cells(chapter)
+    asks = [c for c in cells if "exercises.check_function(" in c.source and "remove-cell" not in _tags(c)]
+    proofs = [c for c in cells if "exercises.prove_checker(" in c.source]
+    assert asks, "no code exercise (a visible exercises.check_function call)"
+    assert proofs, "no cell proves the code exercise's checker (exercises.prove_checker)"
+
+
+def test_proofs_are_hidden_and_answers_never_written_out(chapter) -> None:
+    for c in _code_cells(chapter):
+        if re.search(r"exercises\.prove_(checker|value_check)\(|\.evaluate\(|\.accepts\(", c.source):
+            assert "remove-cell" in _tags(c), f"a cell feeding an exercise its answer is not removed: {c.source[:60]!r}"
+        for m in re.finditer(r"check_value\(\s*(\"[^\"]*\"|'[^']*')\s*,\s*([^,)\s]+)", c.source):
+            assert m.group(2).startswith(("\"ac1:", "'ac1:")), f"a check_value answer written out: {m.group(0)!r}"
+        assert not re.search(r"answer_box_html\([^)]*,\s*[-0-9]", c.source), "an answer box with a plain number"
+
+
+def test_worked_solutions_are_folded_and_silent(chapter) -> None:
+    for c in _code_cells(chapter):
+        if c.source.lstrip().startswith("# Worked solution"):
+            assert _tags(c) & {"hide-input", "hide-cell"}, "a worked solution is not folded on the site"
+            assert c.metadata.get("jupyter", {}).get("source_hidden"), "a worked solution is not folded in Jupyter"
+            assert not c.outputs, "a worked solution prints something (it could show the answer)"

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from attention_core.booktools import static
+from attention_core.booktools.exercises import encode_answer
 
 TINY_PNG = (  # a 1x1 PNG
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
@@ -68,11 +69,13 @@ def test_quiz_marks_exactly_one_right_answer_and_escapes_text() -> None:
         static.quiz_html("Q", ["a", "b"], 2)
 
 
-def test_answer_box_carries_expected_value_and_tolerance() -> None:
-    html = static.answer_box_html("weight:", 0.25, rtol=0.01, atol=0.0).markup
-    assert "e = 0.25;" in html
+def test_answer_box_carries_the_answer_encoded_and_the_tolerance() -> None:
+    html = static.answer_box_html("weight:", encode_answer(0.25), rtol=0.01, atol=0.0, explanation="a quarter").markup
+    assert "0.25" not in html and "a quarter" not in html
+    assert f'data-answer="{encode_answer(0.25)}"' in html
     assert "<= 0.0 + 0.01 * Math.abs(e)" in html
-    assert 'type="number"' in html
+    with pytest.raises(ValueError, match="encode_answer"):
+        static.answer_box_html("weight:", 0.25)
 
 
 def test_static_fallback_offers_widget_and_html() -> None:
@@ -86,7 +89,7 @@ def test_static_fallback_offers_widget_and_html() -> None:
 
 
 def test_html_repr_is_short_and_stable() -> None:
-    html = static.answer_box_html("x:", 1.0)
+    html = static.answer_box_html("x:", encode_answer(1.0))
     assert html._repr_html_() == str(html) == html.markup
     assert repr(html) == f"<attention_core.booktools.static.HTML, {len(html.markup)} characters>"
 

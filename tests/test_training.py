@@ -159,3 +159,12 @@ def test_one_recipe_type_builds_every_model_kind() -> None:
     for recipe in RECIPES.values():
         model = build_model(recipe.config(NumberWords()))
         assert isinstance(model, training.EncoderDecoder), recipe.name
+
+
+def test_validation_set_is_disjoint_from_the_test_set_and_repeats() -> None:
+    from attention_core.translation.metrics import book_validation_set
+
+    val, test = book_validation_set(), book_test_set()
+    in_test = {(tuple(s), tuple(t)) for s, t in test}
+    assert len(val) == 500 and not any((tuple(s), tuple(t)) in in_test for s, t in val)
+    assert val == book_validation_set() and book_validation_set(20) == val[:20]

@@ -1,10 +1,14 @@
 """Hand-written CUDA C++ flash attention (forward), compiled at first use with ``load_inline``.
 
-The kernels are in :data:`attention_core.backends.cuda_kernels.KERNEL_SOURCE` (plain CUDA, raw pointers) and the
-torch glue in ``BINDING_SOURCE`` beside it; this module compiles both once per process with
-``torch.utils.cpp_extension.load_inline`` (torch caches the build on disk across processes) and launches
-them. Nothing is compiled at import, or on a machine without a CUDA device:
-:func:`attention_core.backends.fused_checks.cuda_available` says why not.
+The kernels are in ``csrc/flash_kernels.cuh`` (device code only), launched by ``csrc/flash_launch.cu`` (plain
+CUDA, raw pointers), with the torch glue in ``csrc/flash_binding.cpp``; :mod:`attention_core.backends.cuda_kernels`
+reads them. This module compiles them once per process with ``torch.utils.cpp_extension.load_inline`` (torch
+caches the build on disk across processes) and launches them. Nothing is compiled at import, or on a machine
+without a CUDA device: :func:`attention_core.backends.fused_checks.cuda_available` says why not.
+
+Without a GPU, :func:`run_on_cpu` executes the same device code on the CPU, one ``std::thread`` per CUDA thread
+(:mod:`attention_core.backends.cuda_on_cpu`): slow, but it checks what the kernels compute, and under
+ThreadSanitizer that their barriers are where they must be.
 
 Two levels, the same function:
 
@@ -18,7 +22,9 @@ level kernel                 dtypes               what it shows
 ===== ====================== ==================== ===========================================================
 
 ``level=None`` takes level 2 for fp16/bf16 and level 1 for fp32. bf16 on a GPU older than sm_80 (Colab's T4 is
-sm_75) has no bf16 WMMA: it falls back to level 1 with a warning, never an error.
+sm_75) has no bf16 WMMA: it falls back to level 1 with a warning, never an error. One build serves every GPU:
+the bf16 level-2 kernel is compiled only for sm_80 and newer (``__CUDA_ARCH__``), so an arch list that includes
+sm_75 compiles.
 
 Forward only in CUDA. Autograd works: the backward recomputes attention with the eager reference backend
 (``attention_core.backends.reference``) and differentiates that, which costs O(L * S) memory in the backward;
@@ -38,10 +44,11 @@ import torch
 from attention_core._checks import check_scale
 from attention_core.backends import reference
 from attention_core.backends.cuda_kernels import BINDING_SOURCE, KERNEL_SOURCE
+from attention_core.backends.cuda_on_cpu import run_on_cpu
 from attention_core.backends.fused_checks import check_fused_inputs, cuda_available
 
 __all__ = ["BINDING_SOURCE", "KERNEL_SOURCE", "attention", "flash_attention", "flash_attention_forward",
-           "load_extension"]
+           "load_extension", "run_on_cpu"]
 
 #: Tests set this to True: the output buffer is then filled with NaN before the kernel writes it.
 POISON_OUTPUTS = False
@@ -52,17 +59,14 @@ _DTYPE_LEVEL = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 2}
 # ----------------------------------------------------------------------------------- build (the "kernels")
 
 
-def _all_devices_support_bf16_wmma() -> bool:
-    """True when every visible GPU is sm_80+: torch builds the extension for all of them at once."""
-    return all(torch.cuda.get_device_capability(i) >= (8, 0) for i in range(torch.cuda.device_count()))
+def _bf16_wmma_on(device: torch.device) -> bool:
+    """True when ``device`` is sm_80+, where bf16 WMMA fragments exist (the launcher asks the same)."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 @functools.cache
-def load_extension(with_bf16: Optional[bool] = None) -> Any:
+def load_extension() -> Any:
     """Compile (first call, about a minute) or load (cached) the extension that holds ``flash_forward``.
-
-    Args:
-        with_bf16: build the bf16 WMMA kernel (needs sm_80+ on every visible GPU); ``None`` decides from them.
 
     Raises:
         RuntimeError: no CUDA device or toolchain (with the reason), or the compilation failed.
@@ -70,14 +74,12 @@ def load_extension(with_bf16: Optional[bool] = None) -> Any:
     ok, reason = cuda_available()
     if not ok:
         raise RuntimeError(f"the CUDA backend cannot run on this machine: {reason}")
-    if with_bf16 is None:
-        with_bf16 = _all_devices_support_bf16_wmma()
     from torch.utils.cpp_extension import load_inline
 
-    flags = ["-O3", "-lineinfo"] + (["-DAC_WITH_BF16"] if with_bf16 else [])
+    flags = ["-O3", "-lineinfo"]
     try:
         return load_inline(
-            name="attention_core_flash" + ("_bf16" if with_bf16 else ""),
+            name="attention_core_flash",
             cpp_sources=[BINDING_SOURCE],
             cuda_sources=[KERNEL_SOURCE],
             functions=["flash_forward"],
@@ -101,7 +103,7 @@ def _choose_level(dtype: torch.dtype, device: torch.device, level: Optional[int]
     if level == 2 and dtype == torch.float32:
         raise ValueError("level 2 (tensor cores) takes float16 or bfloat16 inputs, got float32; use level=1")
     level = _DTYPE_LEVEL[dtype] if level is None else level
-    if level == 2 and dtype == torch.bfloat16 and not _all_devices_support_bf16_wmma():
+    if level == 2 and dtype == torch.bfloat16 and not _bf16_wmma_on(device):
         major, minor = torch.cuda.get_device_capability(device)
         warnings.warn(
             f"bfloat16 tensor-core (WMMA) fragments need sm_80 or newer and this GPU is sm_{major}{minor}: "

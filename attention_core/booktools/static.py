@@ -209,11 +209,20 @@ def quiz_html(question: str, options: Sequence[str], answer_index: int, explanat
     return HTML(markup)
 
 
-def answer_box_html(prompt: str, expected: float, *, rtol: float = 1e-2, atol: float = 1e-6) -> HTML:
-    """A number box checked in the browser against ``expected`` (``|x - e| <= atol + rtol*|e|``)."""
-    uid = _uid("answer", prompt, expected)
-    markup = f"""<div class="ac-answer" id="{uid}">
-<label>{html.escape(prompt)} <input type="number" step="any" class="ac-answer-input" style="width:8em"></label>
+def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: float = 1e-6, explanation: str = "",
+                    hint: str = "") -> HTML:
+    """A number box checked in the browser against an answer that stays hidden.
+
+    ``encoded`` is the answer as :func:`attention_core.booktools.exercises.encode_answer` writes it (base64 of
+    the number's text, reversed); the page decodes it only to compare (``|x - e| <= atol + rtol*|e|``). The
+    explanation, shown once the answer is right, is stored the same way.
+    """
+    if not isinstance(encoded, str) or not encoded.startswith("ac1:"):
+        raise ValueError(f"encoded: expected an answer made by encode_answer ('ac1:...'), got {encoded!r}")
+    uid = _uid("answer", prompt, encoded)
+    why = base64.b64encode(explanation.encode()).decode()[::-1]
+    markup = f"""<div class="ac-answer" id="{uid}" data-answer="{html.escape(encoded)}" data-why="{why}">
+<label>{html.escape(prompt)} <input type="text" inputmode="decimal" class="ac-answer-input" style="width:8em"></label>
 <button type="button" class="ac-answer-check">Check</button>
 <span class="ac-answer-feedback" role="status" aria-live="polite"></span>
 </div>
@@ -221,11 +230,17 @@ def answer_box_html(prompt: str, expected: float, *, rtol: float = 1e-2, atol: f
   var root = document.getElementById("{uid}");
   if (!root || root.dataset.bound) return;
   root.dataset.bound = "1";
+  function unhide(s) {{ return decodeURIComponent(escape(atob(s.split("").reverse().join("")))); }}
+  function parse(s) {{
+    s = s.trim().replace("\u2212", "-");
+    var m = s.match(/^(-?[0-9.eE+-]+)\\s*\\/\\s*([0-9.eE+-]+)$/);
+    return m ? Number(m[1]) / Number(m[2]) : (s === "" ? NaN : Number(s));
+  }}
   var input = root.querySelector(".ac-answer-input"), out = root.querySelector(".ac-answer-feedback");
   root.querySelector(".ac-answer-check").addEventListener("click", function () {{
-    var x = parseFloat(input.value), e = {float(expected)!r};
+    var x = parse(input.value), e = Number(unhide(root.dataset.answer.slice(4)));
     var ok = isFinite(x) && Math.abs(x - e) <= {atol!r} + {rtol!r} * Math.abs(e);
-    out.textContent = ok ? " Correct." : " Not yet: check your working.";
+    out.textContent = ok ? " Correct. " + unhide(root.dataset.why) : " Not yet. " + {json.dumps(hint)};
     out.style.color = ok ? "#009E73" : "#D55E00";
   }});
 }})();</script>"""

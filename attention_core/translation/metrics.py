@@ -21,9 +21,12 @@ __all__ = [
     "BUCKET_EDGES",
     "TEST_SEED",
     "TEST_SIZE",
+    "VALIDATION_SEED",
+    "VALIDATION_SIZE",
     "BucketScore",
     "Evaluation",
     "book_test_set",
+    "book_validation_set",
     "evaluate",
     "evaluate_by_bucket",
     "exact_match",
@@ -34,6 +37,8 @@ __all__ = [
 BUCKET_EDGES = (1, 6, 11, 16, 21, 28)
 #: The fixed test set of chapters 3, 4 and 8 is ``NumberWords().sample(TEST_SIZE, TEST_SEED)``.
 TEST_SIZE, TEST_SEED = 2000, 2024
+#: The validation set (model selection) is drawn with its own seed, then cleared of test pairs.
+VALIDATION_SIZE, VALIDATION_SEED = 500, 2025
 
 
 def _with_eos(tokens: Sequence[str]) -> List[str]:
@@ -141,6 +146,19 @@ def evaluate(model: EncoderDecoder, pairs: Sequence[Pair], src_vocab: Optional[V
 def book_test_set(n: int = TEST_SIZE, seed: int = TEST_SEED) -> List[Pair]:
     """The fixed test set of the length experiments: ``NumberWords().sample(n, seed)`` (2,000 pairs by default)."""
     return NumberWords().sample(n, seed)
+
+
+def book_validation_set(n: int = VALIDATION_SIZE, seed: int = VALIDATION_SEED) -> List[Pair]:
+    """The validation set on which the chapters choose between models: ``n`` pairs drawn with ``seed``, none of
+    them in :func:`book_test_set` (short numbers repeat, so a plain draw would share pairs with the test set;
+    removing them tilts this set slightly towards longer numbers)."""
+    in_test = {(tuple(s), tuple(t)) for s, t in book_test_set()}
+    pairs: List[Pair] = []
+    draw = n
+    while len(pairs) < n:  # draw more until n pairs outside the test set remain
+        draw += n
+        pairs = [p for p in NumberWords().sample(draw, seed) if (tuple(p[0]), tuple(p[1])) not in in_test]
+    return pairs[:n]
 
 
 def evaluate_by_bucket(model: EncoderDecoder, pairs: Sequence[Pair], edges: Sequence[int] = BUCKET_EDGES,

@@ -158,7 +158,7 @@ class Recipe:
 
     @property
     def kind(self) -> str:
-        """The model family: ``"plain"``, ``"bahdanau"``, ``"luong"`` or ``"transformer"``."""
+        """The model family (``"plain"``, ``"bahdanau"``, ``"luong"`` or ``"transformer"``)."""
         return self.model["kind"]
 
     def config(self, task: NumberWords) -> Dict[str, Any]:

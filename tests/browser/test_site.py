@@ -16,6 +16,7 @@ are those of _toc.yml, or of $AC_TOC (e.g. a trial build with `jupyter-book buil
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from pathlib import Path
@@ -177,12 +178,25 @@ def _check_quizzes(page) -> None:
         assert feedback.inner_text().startswith("Correct"), "the right quiz answer was not confirmed"
 
 
+def _answer_forms(value: float) -> set:
+    """How an answer would be written out in a page: at 4 significant digits and in full, and integers of 4 or
+    more digits with and without thousands separators. Shorter forms (2.5, 0.88, 160) occur in any page for
+    other reasons, so they are not searched for."""
+    if value == int(value):
+        return {str(int(value)), f"{int(value):,}"} if abs(value) >= 1000 else set()
+    return {f for f in (f"{value:.4g}", repr(value)) if len(f.lstrip("-0.").replace(".", "")) >= 3}
+
+
 def _check_answer_boxes(page) -> None:
+    visible = page.inner_text("body")  # innerText leaves out folded solutions (hidden until clicked)
     for box in page.locator(".ac-answer").all():
-        script = box.evaluate("b => b.nextElementSibling ? b.nextElementSibling.textContent : ''")
-        match = re.search(r"\be = ([-+0-9.eE]+|Infinity);", script)
-        assert match, "an answer box without its expected value"
-        expected = float(match.group(1))
+        encoded = box.get_attribute("data-answer") or ""
+        assert encoded.startswith("ac1:"), "an answer box whose answer is not encoded"
+        assert not re.search(r"\be = [-+0-9.]", box.evaluate("b => b.nextElementSibling.textContent")), (
+            "an answer box's script holds its answer in plain text")
+        expected = float(base64.b64decode(encoded[4:][::-1]).decode())
+        shown = sorted(f for f in _answer_forms(expected) if re.search(rf"(?<![\w.]){re.escape(f)}(?![\w])", visible))
+        assert not shown, f"an exercise's answer is visible on the page before it is asked for: {shown}"
         box.locator(".ac-answer-input").fill(repr(expected * 3 + 7))
         box.locator(".ac-answer-check").click()
         assert "Not yet" in box.locator(".ac-answer-feedback").inner_text(), "a wrong answer was accepted"
