@@ -79,6 +79,20 @@ def test_batches_are_crops_shifted_by_one(corpus) -> None:
     assert torch.equal(x, x2)
 
 
+def test_repeated_crops_repeat_a_stretch_of_the_text(corpus) -> None:
+    x, y = random_batch(corpus.train, 64, 40, torch.Generator().manual_seed(1), repeat_fraction=1.0,
+                        repeat_periods=(5, 9))
+    for row in torch.cat([x, y[:, -1:]], dim=1):  # the crop of context + 1 ids
+        period = next(p for p in range(5, 10) if torch.equal(row[p:], row[:-p]))
+        assert len(set(row[:period].tolist())) > 1  # a stretch of text, not one character
+    mixed, _ = random_batch(corpus.train, 400, 60, torch.Generator().manual_seed(2), repeat_fraction=0.5,
+                            repeat_periods=(8, 20))
+    periodic = sum(any(torch.equal(r[p:], r[:-p]) for p in range(8, 21)) for r in mixed)
+    assert 150 < periodic < 250
+    with pytest.raises(ValueError, match="repeat_fraction must be a float in \\[0, 1\\]"):
+        random_batch(corpus.train, 2, 8, repeat_fraction=1.5)
+
+
 def test_baselines_match_a_count_by_hand() -> None:
     train, val = torch.tensor([0, 1, 0, 1, 1, 2]), torch.tensor([1, 0, 1])
     # unigram, add-one: counts 2+1, 3+1, 1+1 of 9

@@ -73,9 +73,9 @@ class LMRecipe:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     clip: float = 1.0
-    repeat_fraction: float = 0.2
-    repeat_min: int = 16
-    repeat_max: int = 64
+    repeat_fraction: float = 0.5
+    repeat_min: int = 8
+    repeat_max: int = 40
     seed: int = 0
     data_seed: int = 1
 
