@@ -99,3 +99,35 @@ def test_figure_to_data_uri_is_a_png() -> None:
     uri = static.figure_to_data_uri(fig, dpi=20)
     assert uri.startswith("data:image/png;base64,iVBORw0KGgo")
     assert not plt.fignum_exists(fig.number)
+
+
+def test_text_slider_shows_one_escaped_text_per_value() -> None:
+    html = static.text_slider(["a < b", "c", "d"], ["x", "y", "z"], label="sampling", initial=2).markup
+    assert html.count('class="ac-text-frame"') == 3
+    assert re.findall(r"display:(block|none)", html) == ["none", "none", "block"]
+    assert "a &lt; b" in html and "a < b" not in html
+    assert '<output class="ac-texts-value">z</output>' in html
+    with pytest.raises(ValueError, match="values"):
+        static.text_slider(["a"], ["x", "y"], label="k")
+
+
+def test_generation_explorer_regenerates_and_carries_a_text_twin() -> None:
+    from attention_core.booktools.widgets import GenerationExplorer
+
+    calls = []
+
+    def complete(prompt: str, temperature: float, top_k: int, length: int) -> str:
+        calls.append((prompt, temperature, top_k, length))
+        return f"<{temperature:g}|{top_k}|{length}>"
+
+    w = GenerationExplorer(complete, prompt="Hi", temperature=1.0, top_k=5, length=20,
+                           static_settings=[(0.0, 0), (1.0, 5)])
+    assert "Hi&lt;1|5|20&gt;" in w.output.value
+    w.length.value = 30
+    assert calls[-1] == ("Hi", 1.0, 5, 30) and "Hi&lt;1|5|30&gt;" in w.output.value
+    twin = w.static_html()
+    assert twin.count('class="ac-text-frame"') == 2 and "greedy (temperature 0)" in twin
+    assert "temperature 1, top-k 5" in twin and 'value="1"' in twin  # starts at the widget's setting
+    with pytest.raises(TypeError, match="complete must be a callable"):
+        GenerationExplorer("not a function")
+    assert isinstance(w, widgets.VBox)

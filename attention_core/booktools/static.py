@@ -1,10 +1,11 @@
 """Interactivity that keeps working on the static site, where no Python kernel runs.
 
 A live ipywidgets callback does nothing on a rendered page. The helpers here produce self-contained
-HTML (markup plus a few lines of inline JavaScript, no network) for the three things a site reader
+HTML (markup plus a few lines of inline JavaScript, no network) for the things a site reader
 should still be able to do:
 
 - :func:`frame_slider`: move a slider over precomputed figures (e.g. one per bandwidth);
+- :func:`text_slider`: the same over precomputed texts (e.g. one generated text per sampling setting);
 - :func:`quiz_html`: answer a multiple-choice question and get feedback;
 - :func:`answer_box_html`: type a number and have it checked against the expected value.
 
@@ -31,6 +32,7 @@ __all__ = [
     "figure_to_data_uri",
     "frame_slider",
     "quiz_html",
+    "text_slider",
     "with_static_fallback",
 ]
 
@@ -120,6 +122,47 @@ def frame_slider(
   range.addEventListener("input", function () {{
     var k = Number(range.value);
     imgs.forEach(function (img, i) {{ img.style.display = i === k ? "block" : "none"; }});
+    out.textContent = labels[k];
+  }});
+}})();</script>"""
+    return HTML(markup)
+
+
+def text_slider(texts: Sequence[str], values: Sequence[Any], *, label: str, initial: int = 0) -> HTML:
+    """A slider over precomputed texts (e.g. one generated text per sampling setting), shown as preformatted
+    text (readable by screen readers, unlike a figure): works in any browser, with no kernel.
+
+    Raises:
+        ValueError: if ``texts`` is empty, lengths differ, or ``initial`` is out of range.
+    """
+    if len(texts) == 0:
+        raise ValueError("texts: expected at least one text, got none")
+    if len(texts) != len(values):
+        raise ValueError(f"values: expected one value per text ({len(texts)}), got {len(values)}")
+    if not 0 <= initial < len(texts):
+        raise ValueError(f"initial: expected an index in [0, {len(texts) - 1}], got {initial}")
+    uid = _uid("texts", label, *values, *texts)
+    blocks = "\n".join(
+        f'<pre class="ac-text-frame" style="display:{"block" if i == initial else "none"};white-space:pre-wrap">'
+        f"{html.escape(t)}</pre>"
+        for i, t in enumerate(texts)
+    )
+    labels = json.dumps([str(v) for v in values])
+    markup = f"""<div class="ac-texts" id="{uid}">
+<label>{html.escape(label)}: <output class="ac-texts-value">{html.escape(str(values[initial]))}</output>
+<input type="range" class="ac-texts-range" min="0" max="{len(texts) - 1}" step="1" value="{initial}"
+ aria-label="{html.escape(label)}" style="vertical-align:middle;width:14em"></label>
+{blocks}
+</div>
+<script>(function () {{
+  var root = document.getElementById("{uid}");
+  if (!root || root.dataset.bound) return;
+  root.dataset.bound = "1";
+  var labels = {labels}, blocks = root.querySelectorAll(".ac-text-frame");
+  var range = root.querySelector(".ac-texts-range"), out = root.querySelector(".ac-texts-value");
+  range.addEventListener("input", function () {{
+    var k = Number(range.value);
+    blocks.forEach(function (b, i) {{ b.style.display = i === k ? "block" : "none"; }});
     out.textContent = labels[k];
   }});
 }})();</script>"""

@@ -2,10 +2,13 @@
 
 - :class:`BandwidthExplorer` (chapter 1): a bandwidth slider and a kernel menu over a Nadaraya-Watson fit;
 - :class:`WindowExplorer` (chapter 4): Luong's local-p window over one decoding step's raw scores;
-- :class:`HeadExplorer` (chapter 10): a layer and head selector over one sentence's attention maps.
+- :class:`HeadExplorer` (chapter 10): a layer and head selector over one sentence's attention maps;
+- :class:`GenerationExplorer` (chapter 11): prompt, temperature, top-k and length over a model's continuation
+  (its twin is a slider over precomputed texts).
 
-Each draws off-screen into an ``ipywidgets.Image`` (never through an ``Output`` widget, so nothing leaks into
-the cell's outputs and the saved widget state holds the picture) and gets its static twin from one mechanism,
+Each shows its result inside a widget, a figure drawn off-screen into an ``ipywidgets.Image`` or text in an
+``ipywidgets.HTML`` (never through an ``Output`` widget, so nothing leaks into the cell's outputs and the saved
+widget state holds the result), and gets its static twin from one mechanism,
 :class:`~attention_core.booktools.static.StaticTwin`: a slider over precomputed frames that the rendered site
 shows where no kernel runs. They work with ipywidgets 7.7 (Colab) and 8.x.
 """
@@ -13,8 +16,9 @@ shows where no kernel runs. They work with ipywidgets 7.7 (Colab) and 8.x.
 from __future__ import annotations
 
 import base64
+import html
 import math
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import ipywidgets as widgets
 import matplotlib
@@ -32,7 +36,7 @@ from attention_core.booktools.plots import (
     plot_regression,
     to_numpy,
 )
-from attention_core.booktools.static import StaticTwin, frame_slider
+from attention_core.booktools.static import StaticTwin, frame_slider, text_slider
 from attention_core.inspection import attention_entropy
 from attention_core.kernel_regression import nadaraya_watson_weights
 from attention_core.masks import padding_mask
@@ -40,6 +44,7 @@ from attention_core.rnn_attention import local_attention_weights
 
 __all__ = [
     "BandwidthExplorer",
+    "GenerationExplorer",
     "HeadExplorer",
     "WindowExplorer",
     "bandwidth_explorer",
@@ -399,3 +404,71 @@ def head_explorer(
 ) -> HeadExplorer:
     """A :class:`HeadExplorer` for one sentence: ``attentions`` holds one (H, L, L) tensor per layer."""
     return HeadExplorer(attentions, tokens, layer=layer, head=head)
+
+
+# ------------------------------------------------------------------------------ chapter 11: text generation
+
+
+class GenerationExplorer(StaticTwin, widgets.VBox):
+    """Prompt, temperature, top-k and length controls over a language model's continuation.
+
+    The widget knows nothing about models: ``complete(prompt, temperature, top_k, length)`` returns the
+    generated text (``top_k = 0``: no top-k filter), and must be repeatable (a seeded generator), so that a
+    setting always shows the same text. The static twin for the site is a slider over the continuations of the
+    widget's prompt under ``static_settings``, a list of ``(temperature, top_k)`` pairs.
+
+    Attributes:
+        prompt: a ``Text`` box; temperature: a ``FloatSlider`` (0 = greedy); top_k: an ``IntSlider`` (0 = off);
+        length: an ``IntSlider``; output: an ``HTML`` showing the prompt and its continuation.
+    """
+
+    def __init__(self, complete: Callable[[str, float, int, int], str], prompt: str = "ROMEO:\n",
+                 temperature: float = 0.8, top_k: int = 0, length: int = 200, max_top_k: int = 65,
+                 static_settings: Optional[Sequence[Tuple[float, int]]] = ((0.0, 0), (0.5, 0), (0.8, 0),
+                                                                           (1.0, 5), (1.0, 0), (1.5, 0))) -> None:
+        if not callable(complete):
+            raise TypeError(f"complete must be a callable (prompt, temperature, top_k, length) -> str, "
+                            f"got {type(complete).__name__}")
+        self.complete = complete
+        self.static_settings = None if static_settings is None else [(float(t), int(k)) for t, k in static_settings]
+        style = {"description_width": "initial"}
+        self.prompt = widgets.Text(value=prompt, description="prompt", continuous_update=False)
+        self.temperature = widgets.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.1, style=style,
+                                               description="temperature", continuous_update=False)
+        self.top_k = widgets.IntSlider(value=top_k, min=0, max=max_top_k, description="top-k (0: off)",
+                                       style=style, continuous_update=False)
+        self.length = widgets.IntSlider(value=length, min=10, max=600, step=10, description="length",
+                                        continuous_update=False)
+        self.output = widgets.HTML()
+        controls = [widgets.HBox([self.prompt, self.length]), widgets.HBox([self.temperature, self.top_k])]
+        super().__init__(children=[*controls, self.output])
+        for control in (self.prompt, self.temperature, self.top_k, self.length):
+            control.observe(self.redraw, names="value")
+        self.redraw()
+
+    def text(self, temperature: float, top_k: int) -> str:
+        """Prompt + continuation for one setting (the widget's prompt and length)."""
+        prompt = self.prompt.value
+        return prompt + self.complete(prompt, float(temperature), int(top_k), int(self.length.value))
+
+    def redraw(self, *_: Any) -> None:
+        """Regenerate for the current controls."""
+        text = self.text(self.temperature.value, self.top_k.value)
+        self.output.value = f'<pre style="white-space:pre-wrap">{html.escape(text)}</pre>'
+
+    @staticmethod
+    def setting_label(temperature: float, top_k: int) -> str:
+        """How a setting is named on the static slider, e.g. ``"temperature 1.0, top-k 5"``."""
+        if temperature == 0:
+            return "greedy (temperature 0)"
+        return f"temperature {temperature:g}" + (f", top-k {top_k}" if top_k else "")
+
+    def static_html(self) -> str:
+        """The kernel-free version: a slider over the continuations under ``static_settings``."""
+        if not self.static_settings:
+            return ""
+        current = (float(self.temperature.value), int(self.top_k.value))
+        initial = self.static_settings.index(current) if current in self.static_settings else 0
+        texts = [self.text(t, k) for t, k in self.static_settings]
+        labels = [self.setting_label(t, k) for t, k in self.static_settings]
+        return text_slider(texts, labels, label="sampling", initial=initial).markup

@@ -1,0 +1,178 @@
+"""Multi-head latent attention (MLA, DeepSeek-AI 2024, DeepSeek-V2): cache a small latent, not the keys and values.
+
+Per token, MLA compresses the layer input ``h`` (D) into one latent ``c = W_DKV h`` (d_c, shared by all heads) and
+rebuilds every head's key and value from it, ``k_h = W_UK_h c`` and ``v_h = W_UV_h c`` (E each). Rotary positions
+cannot pass through that product (the rotation would sit between ``W_UQ`` and ``W_UK``), so a separate, small
+*decoupled* key ``k_R = RoPE(W_KR h)`` (d_r, shared by all heads) carries the position, and each head's query has a
+matching part ``q_R,h``. Scores are ``(q_h . k_h + q_R,h . k_R) / sqrt(E + d_r)``.
+
+Two ways of computing the same thing:
+
+- **expanded**: rebuild ``k_h`` and ``v_h`` for every cached token, then ordinary multi-head attention (E + d_r
+  per head);
+- **absorbed**: ``q_h . (W_UK_h c) = (W_UK_h^T q_h) . c``, so ``W_UK`` folds into the query side, and
+  ``W_O_h W_UV_h`` into one output matrix: attention then reads the latent ``c`` and ``k_R`` directly, as
+  multi-query attention with a single key ``[c ; k_R]`` (d_c + d_r) and a single value ``c``. This is what makes
+  caching only ``c`` and ``k_R`` pay: no key or value is ever rebuilt at decode time.
+
+Its cache (:class:`LatentCache`) holds per token ``d_c + d_r`` numbers, against ``2 H E`` for multi-head attention.
+DeepSeek-V2 (H = 128, E = 128, d_c = 512, d_r = 64) stores 576 per token and layer instead of 32,768.
+No biases anywhere (DeepSeek-V2 has none), so the absorption is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from attention_core._checks import check_bool_flag, check_floating, check_positive_int, check_tensor, fmt_shape
+from attention_core.functional import attention_with_weights, scaled_dot_product_attention
+from attention_core.language_model import cached_causal_mask
+from attention_core.positional import RotaryEmbedding
+
+__all__ = ["LatentCache", "MultiHeadLatentAttention", "mla_cache_elements"]
+
+
+def mla_cache_elements(num_layers: int, kv_latent_dim: int, rope_dim: int, tokens: int, batch: int = 1) -> int:
+    """Numbers an MLA cache holds: ``(d_c + d_r)`` per token, layer and sequence (DeepSeek-V2, Table 1)."""
+    for name, n in {"num_layers": num_layers, "kv_latent_dim": kv_latent_dim, "rope_dim": rope_dim,
+                    "batch": batch}.items():
+        check_positive_int(n, name)
+    check_positive_int(tokens, "tokens", allow_zero=True)
+    return (kv_latent_dim + rope_dim) * num_layers * tokens * batch
+
+
+class LatentCache:
+    """One MLA layer's cache: ``latent`` (B, S, d_c) and the rotated ``rope_key`` (B, S, d_r), nothing else."""
+
+    def __init__(self) -> None:
+        self.latent: Optional[torch.Tensor] = None
+        self.rope_key: Optional[torch.Tensor] = None
+
+    def __len__(self) -> int:
+        return 0 if self.latent is None else self.latent.shape[1]
+
+    def update(self, latent: torch.Tensor, rope_key: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Append the new tokens' latent (B, L, d_c) and rotated rope key (B, L, d_r); return all of them."""
+        if self.latent is not None:
+            latent = torch.cat([self.latent, latent], dim=1)  # (B, S0, d_c) + (B, L, d_c) -> (B, S, d_c)
+            rope_key = torch.cat([self.rope_key, rope_key], dim=1)  # (B, S0, d_r) + (B, L, d_r) -> (B, S, d_r)
+        self.latent, self.rope_key = latent, rope_key
+        return latent, rope_key
+
+    def nbytes(self) -> int:
+        """Bytes of the cached tensors."""
+        return sum(t.numel() * t.element_size() for t in (self.latent, self.rope_key) if t is not None)
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """Causal multi-head latent attention (DeepSeek-V2), batch-first, with an optional :class:`LatentCache`.
+
+    Args:
+        embed_dim: D, input and output width.
+        num_heads: H.
+        head_dim: E, per-head size of the content query/key and of the value.
+        kv_latent_dim: d_c, the cached latent's size (DeepSeek-V2: 4 E).
+        rope_dim: d_r, the decoupled rotary key's size, shared by the heads (DeepSeek-V2: E / 2); even.
+        q_latent_dim: d_c', compress the queries too (training memory only, not cached); ``None``: no.
+        max_positions: positions the rotary table covers.
+        rope_base: the rotary wavelength scale.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, head_dim: int, kv_latent_dim: int, rope_dim: int,
+                 q_latent_dim: Optional[int] = None, max_positions: int = 4096, rope_base: float = 10000.0) -> None:
+        super().__init__()
+        for name, n in {"embed_dim": embed_dim, "num_heads": num_heads, "head_dim": head_dim,
+                        "kv_latent_dim": kv_latent_dim, "rope_dim": rope_dim}.items():
+            check_positive_int(n, name)
+        H, E = num_heads, head_dim
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, H, E
+        self.kv_latent_dim, self.rope_dim, self.q_latent_dim = kv_latent_dim, rope_dim, q_latent_dim
+        self.kv_down = nn.Linear(embed_dim, kv_latent_dim, bias=False)  # W_DKV: h -> c
+        self.k_up = nn.Linear(kv_latent_dim, H * E, bias=False)  # W_UK: c -> keys of all heads
+        self.v_up = nn.Linear(kv_latent_dim, H * E, bias=False)  # W_UV: c -> values of all heads
+        self.k_rope = nn.Linear(embed_dim, rope_dim, bias=False)  # W_KR: h -> the shared rotary key
+        if q_latent_dim is None:
+            self.q_down, q_in = None, embed_dim
+        else:
+            self.q_down, q_in = nn.Linear(embed_dim, check_positive_int(q_latent_dim, "q_latent_dim"),
+                                          bias=False), q_latent_dim
+        self.q_up = nn.Linear(q_in, H * E, bias=False)  # W_UQ: content queries
+        self.q_rope = nn.Linear(q_in, H * rope_dim, bias=False)  # W_QR: rotary queries, one per head
+        self.out_proj = nn.Linear(H * E, embed_dim, bias=False)  # W_O
+        self.rotary = RotaryEmbedding(rope_dim, max_len=max_positions, base=rope_base)
+        self.scale = 1.0 / math.sqrt(E + rope_dim)
+
+    def absorbed_weights(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``W_UK`` folded into the query side and ``W_UV`` into the output projection.
+
+        Returns:
+            ``(w_q, w_o)``: w_q (H, d_c, q_in) maps a query input to a query *in latent space* per head
+            (``W_UK_h^T W_UQ_h``); w_o (D, H, d_c) maps each head's latent output to the layer output
+            (``W_O_h W_UV_h``).
+        """
+        H, E, dc = self.num_heads, self.head_dim, self.kv_latent_dim
+        w_uq = self.q_up.weight.view(H, E, -1)  # (H*E, q_in) -> (H, E, q_in)
+        w_uk = self.k_up.weight.view(H, E, dc)  # (H*E, d_c) -> (H, E, d_c)
+        w_uv = self.v_up.weight.view(H, E, dc)  # (H*E, d_c) -> (H, E, d_c)
+        w_o = self.out_proj.weight.view(self.embed_dim, H, E)  # (D, H*E) -> (D, H, E)
+        return torch.einsum("hec,heq->hcq", w_uk, w_uq), torch.einsum("dhe,hec->dhc", w_o, w_uv)
+
+    def forward(self, x: torch.Tensor, cache: Optional[LatentCache] = None, absorbed: bool = False,
+                need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Causal self-attention of ``x`` (B, L, D), after the cached tokens if a cache is given.
+
+        Args:
+            x: (B, L, D).
+            cache: a :class:`LatentCache` to read and extend, or ``None``.
+            absorbed: compute in the absorbed form (attention over the latent) instead of the expanded one.
+            need_weights: also return the weights (B, H, L, S).
+
+        Returns:
+            ``(out, weights_or_None)``, out (B, L, D).
+        """
+        check_tensor(x, "x")
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"x must be (B, L, D) with D = {self.embed_dim}, got shape {fmt_shape(x.shape)}")
+        check_floating(x, "x")
+        check_bool_flag(absorbed, "absorbed")
+        check_bool_flag(need_weights, "need_weights")
+        B, L, _ = x.shape
+        H, E, dr = self.num_heads, self.head_dim, self.rope_dim
+        past = 0 if cache is None else len(cache)
+        latent = self.kv_down(x)  # (B, L, d_c)
+        rope_key = self.rotary.rotate(self.k_rope(x), offset=past, name="rope key")  # (B, L, d_r)
+        if cache is not None:
+            latent, rope_key = cache.update(latent, rope_key)  # (B, S, d_c), (B, S, d_r)
+        S = latent.shape[1]
+        mask = None if cache is None else cached_causal_mask(L, S, device=x.device)
+        is_causal = cache is None
+        q_in = x if self.q_down is None else self.q_down(x)  # (B, L, q_in)
+        q_rope = self.q_rope(q_in).view(B, L, H, dr).transpose(1, 2)  # (B, L, H*d_r) -> (B, H, L, d_r)
+        q_rope = self.rotary.rotate(q_rope, offset=past, name="rope query")
+        if absorbed:
+            w_q, w_o = self.absorbed_weights()
+            q_lat = torch.einsum("blq,hcq->bhlc", q_in, w_q)  # (B, L, q_in) -> (B, H, L, d_c)
+            query = torch.cat([q_lat, q_rope], dim=-1)  # (B, H, L, d_c + d_r)
+            key = torch.cat([latent, rope_key], dim=-1)[:, None]  # (B, S, d_c + d_r) -> (B, 1, S, d_c + d_r)
+            value = latent[:, None]  # (B, S, d_c) -> (B, 1, S, d_c): one key/value head for all H query heads
+            out, weights = self._attend(query, key, value, mask, is_causal, need_weights, gqa=True)
+            return torch.einsum("bhlc,dhc->bld", out, w_o), weights  # (B, H, L, d_c) -> (B, L, D)
+        q = self.q_up(q_in).view(B, L, H, E).transpose(1, 2)  # (B, L, H*E) -> (B, H, L, E)
+        k = self.k_up(latent).view(B, S, H, E).transpose(1, 2)  # (B, S, d_c) -> (B, H, S, E)
+        v = self.v_up(latent).view(B, S, H, E).transpose(1, 2)  # (B, S, d_c) -> (B, H, S, E)
+        query = torch.cat([q, q_rope], dim=-1)  # (B, H, L, E + d_r)
+        key = torch.cat([k, rope_key[:, None].expand(B, H, S, dr)], dim=-1)  # (B, H, S, E + d_r)
+        out, weights = self._attend(query, key, v, mask, is_causal, need_weights, gqa=False)
+        out = out.transpose(1, 2).reshape(B, L, H * E)  # (B, H, L, E) -> (B, L, H*E)
+        return self.out_proj(out), weights
+
+    def _attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
+                is_causal: bool, need_weights: bool, gqa: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        args = (query, key, value, mask, 0.0, is_causal, self.scale, gqa)
+        if need_weights:
+            return attention_with_weights(*args)
+        return scaled_dot_product_attention(*args), None

@@ -1,0 +1,159 @@
+"""The tiny Shakespeare corpus, character by character: the text, its vocabulary, its split, its batches.
+
+The text (1,115,394 characters of Shakespeare's plays, public domain, the corpus of Karpathy's char-rnn) ships
+gzip-compressed inside the package; :func:`load_text` checks the sha256 of the decompressed text before
+returning it, so a damaged or replaced file is refused with a message that says so.
+
+- :class:`CharVocab`: one token per distinct character (65 here), sorted, with ``encode``/``decode``.
+- :func:`load_corpus`: the text encoded, split **by position** (the first 90% to train on, the last 10% to
+  validate on: no validation text is ever a neighbour of a training crop).
+- :func:`random_batch`: (inputs, targets) crops of ``context`` characters from a split; targets are the inputs
+  shifted by one.
+- :func:`unigram_loss`, :func:`bigram_loss`: the cross-entropy of the two counting baselines, the numbers a
+  language model has to beat.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Tuple, Union
+
+import torch
+
+from attention_core._checks import check_positive_int, check_tensor, fmt_shape
+
+__all__ = [
+    "TEXT_FILE",
+    "TEXT_SHA256",
+    "CharVocab",
+    "Corpus",
+    "bigram_loss",
+    "load_corpus",
+    "load_text",
+    "random_batch",
+    "unigram_loss",
+]
+
+PathLike = Union[str, Path]
+#: The shipped corpus (gzip).
+TEXT_FILE = Path(__file__).resolve().parent / "data" / "tinyshakespeare.txt.gz"
+#: sha256 of the decompressed text (as in the README of the data's source folder).
+TEXT_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+
+def load_text(path: PathLike = TEXT_FILE, sha256: str = TEXT_SHA256) -> str:
+    """The corpus as one string, after checking the sha256 of its bytes.
+
+    Args:
+        path: a gzip file (``.gz``) or a plain UTF-8 text file.
+        sha256: the expected hex digest of the (decompressed) bytes.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the bytes' sha256 differs from ``sha256``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no corpus file at {path}")
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    seen = hashlib.sha256(raw).hexdigest()
+    if seen != sha256:
+        raise ValueError(f"corpus {path} has sha256 {seen}, expected {sha256}: the file is damaged or is not the "
+                         "tiny Shakespeare text; reinstall the package to restore it")
+    return raw.decode("utf-8")
+
+
+class CharVocab:
+    """Characters <-> token ids, one id per distinct character of ``text``, in sorted order."""
+
+    def __init__(self, text: str) -> None:
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"text must be a non-empty str, got {type(text).__name__} of length "
+                             f"{len(text) if isinstance(text, str) else 'n/a'}")
+        self.chars = sorted(set(text))
+        self.index = {c: i for i, c in enumerate(self.chars)}
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """(len(text),) int64 ids; a character outside the vocabulary raises ``ValueError``."""
+        unknown = sorted(set(text) - self.index.keys())
+        if unknown:
+            raise ValueError(f"text has characters outside the vocabulary: {unknown[:5]!r}")
+        return torch.tensor([self.index[c] for c in text], dtype=torch.long)
+
+    def decode(self, ids: torch.Tensor) -> str:
+        """The text of a 1-D sequence of ids."""
+        return "".join(self.chars[i] for i in torch.as_tensor(ids).flatten().tolist())
+
+
+@dataclass
+class Corpus:
+    """The encoded corpus: ``vocab``, ``train`` (N_train,) and ``val`` (N_val,) int64 ids."""
+
+    vocab: CharVocab
+    train: torch.Tensor
+    val: torch.Tensor
+
+
+def load_corpus(val_fraction: float = 0.1, path: PathLike = TEXT_FILE, sha256: str = TEXT_SHA256) -> Corpus:
+    """The verified corpus, encoded and split by position: train = the first ``1 - val_fraction``, val = the rest."""
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, float) or not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be a float in (0, 1), got {val_fraction!r}")
+    text = load_text(path, sha256)
+    vocab = CharVocab(text)
+    ids = vocab.encode(text)
+    n_train = int(len(ids) * (1 - val_fraction))
+    return Corpus(vocab, ids[:n_train], ids[n_train:])
+
+
+def random_batch(ids: torch.Tensor, batch_size: int, context: int, generator: Optional[torch.Generator] = None,
+                 repeat_fraction: float = 0.0, repeat_periods: Tuple[int, int] = (16, 64)
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``batch_size`` random crops of ``context + 1`` ids: inputs (B, context) and targets shifted by one.
+
+    With ``repeat_fraction`` > 0, that share of the rows (on average) is a *repeated* crop instead: a stretch of
+    ``p`` ids (``p`` drawn from ``repeat_periods``, both ends included) written again and again, so that from
+    the second copy on every next token can be read off its previous occurrence. Such text is what teaches a
+    model to copy in context (induction heads); natural text has it too, but rarely within a short context.
+    """
+    check_tensor(ids, "ids")
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(context, "context")
+    if ids.dim() != 1 or len(ids) <= context:
+        raise ValueError(f"ids must be 1-D and longer than context={context}, got shape {fmt_shape(ids.shape)}")
+    if isinstance(repeat_fraction, bool) or not isinstance(repeat_fraction, (int, float)) \
+            or not 0 <= repeat_fraction <= 1:
+        raise ValueError(f"repeat_fraction must be a float in [0, 1], got {repeat_fraction!r}")
+    lo, hi = repeat_periods
+    if not 1 <= lo <= hi:
+        raise ValueError(f"repeat_periods must be (low, high) with 1 <= low <= high, got {repeat_periods!r}")
+    starts = torch.randint(0, len(ids) - context, (batch_size,), generator=generator)  # (B,)
+    crops = torch.stack([ids[s : s + context + 1] for s in starts.tolist()])  # (B, context + 1)
+    if repeat_fraction > 0:
+        repeat = torch.rand(batch_size, generator=generator) < repeat_fraction  # (B,)
+        periods = torch.randint(lo, hi + 1, (batch_size,), generator=generator)  # (B,)
+        for b in repeat.nonzero().flatten().tolist():
+            crops[b] = crops[b, torch.arange(context + 1) % periods[b]]  # period-p copy of the crop's start
+    return crops[:, :-1], crops[:, 1:]
+
+
+def unigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, alpha: float = 1.0) -> float:
+    """Cross-entropy (nats per character) on ``val`` of the character frequencies of ``train`` (add-alpha)."""
+    counts = torch.bincount(train, minlength=vocab_size).double() + alpha  # (V,)
+    logp = counts.log() - counts.sum().log()
+    return float(-logp[val].mean())
+
+
+def bigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, alpha: float = 1.0) -> float:
+    """Cross-entropy on ``val`` of ``P(next | current)`` counted on ``train`` (add-alpha smoothing)."""
+    pairs = train[:-1] * vocab_size + train[1:]
+    counts = torch.bincount(pairs, minlength=vocab_size**2).double().view(vocab_size, vocab_size) + alpha
+    logp = counts.log() - counts.sum(1, keepdim=True).log()  # (V, V): row = current, column = next
+    loss = -logp[val[:-1], val[1:]].mean()
+    return float(loss) if math.isfinite(float(loss)) else math.inf

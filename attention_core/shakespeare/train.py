@@ -1,0 +1,205 @@
+"""Training the character-level Shakespeare language model, and the checkpoint chapter 11 loads.
+
+:data:`RECIPE` says how the shipped model is built and trained; :func:`train_language_model` trains it (AdamW,
+linear warm-up then cosine decay, gradient clipping, a progress bar), :func:`save_lm_checkpoint` writes
+``<name>.pt`` with its entry (sha256, parameters, training time, loss curve, validation loss, recipe) in
+``checkpoints/manifest.json`` beside it, and :func:`load_or_train_language_model` loads that file after checking
+its sha256, or trains from the recipe when asked or when the file is missing.
+
+Command line (trains on one CPU thread and writes the checkpoint)::
+
+    python -m attention_core.shakespeare.train            # the shipped recipe
+    python -m attention_core.shakespeare.train --steps 50 --out /tmp/ckpt   # a quick try elsewhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from attention_core.checkpoint import TrainLog, load_or_train_recipe, recipe_entry, record_in_manifest, save_checkpoint
+from attention_core.language_model import DecoderLM, build_language_model
+from attention_core.progress import progress
+from attention_core.shakespeare.data import Corpus, load_corpus, random_batch
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "RECIPE",
+    "LMRecipe",
+    "evaluate_loss",
+    "load_or_train_language_model",
+    "main",
+    "save_lm_checkpoint",
+    "train_language_model",
+]
+
+PathLike = Union[str, Path]
+#: Folder of the shipped checkpoint (package data) and its manifest.
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+
+
+@dataclass(frozen=True)
+class LMRecipe:
+    """How the Shakespeare model is built and trained.
+
+    Model: ``num_layers`` pre-LN blocks of width ``d_model`` with ``num_heads`` heads (``num_kv_heads`` key/value
+    heads), trained on crops of ``context`` characters. Training: ``steps`` AdamW steps on ``batch_size`` random
+    crops from the training split (``data_seed``), of which a share ``repeat_fraction`` are repeated crops (a
+    stretch of ``repeat_min`` to ``repeat_max`` characters written again and again, see
+    :func:`~attention_core.shakespeare.data.random_batch`: the copying signal that makes induction heads form
+    within this small budget), learning rate warmed up linearly over ``warmup`` steps to
+    ``lr`` then decayed on a cosine to ``min_lr_ratio * lr``, weight decay on the matrices, gradient norm clipped
+    at ``clip``. No dropout.
+    """
+
+    name: str = "shakespeare_char"
+    d_model: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    dim_feedforward: int = 512
+    context: int = 128
+    steps: int = 2500
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    repeat_fraction: float = 0.5
+    repeat_min: int = 8
+    repeat_max: int = 40
+    seed: int = 0
+    data_seed: int = 1
+
+    def config(self, vocab_size: int) -> Dict[str, Any]:
+        """The config dict of :func:`~attention_core.language_model.build_language_model`."""
+        return {"vocab_size": vocab_size, "d_model": self.d_model, "num_layers": self.num_layers,
+                "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
+                "dim_feedforward": self.dim_feedforward, "context": self.context, "seed": self.seed}
+
+
+#: The recipe of the shipped checkpoint (about 9 minutes on one CPU thread).
+RECIPE = LMRecipe()
+
+
+def _lr_at(step: int, recipe: LMRecipe) -> float:
+    if step < recipe.warmup:
+        return recipe.lr * (step + 1) / recipe.warmup
+    frac = (step - recipe.warmup) / max(recipe.steps - recipe.warmup - 1, 1)
+    return recipe.lr * (recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train_language_model(recipe: LMRecipe = RECIPE, corpus: Optional[Corpus] = None,
+                         device: Optional[torch.device] = None, show_progress: bool = True
+                         ) -> Tuple[DecoderLM, TrainLog]:
+    """Build the model of ``recipe`` and train it from scratch; returns ``(model in eval mode, log)``.
+
+    Runs repeat exactly on one CPU thread for the same recipe (the batches come from a seeded generator).
+    """
+    if not isinstance(recipe, LMRecipe):
+        raise TypeError(f"recipe must be an LMRecipe, got {type(recipe).__name__}")
+    corpus = corpus or load_corpus()
+    model = build_language_model(recipe.config(len(corpus.vocab))).to(device or "cpu").train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                                   {"params": rest, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.99))
+    g = torch.Generator().manual_seed(recipe.data_seed)
+    log, start = TrainLog(), time.perf_counter()
+    bar = progress(range(recipe.steps), desc=recipe.name, **({} if show_progress else {"disable": True}))
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, recipe)
+        x, y = random_batch(corpus.train, recipe.batch_size, recipe.context, g, recipe.repeat_fraction,
+                            (recipe.repeat_min, recipe.repeat_max))
+        x, y = x.to(device or "cpu"), y.to(device or "cpu")
+        loss = F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())  # (B*L, V), (B*L,)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+        optimizer.step()
+        log.losses.append(loss.item())
+        if hasattr(bar, "set_postfix") and (step + 1) % 50 == 0:
+            bar.set_postfix(loss=f"{sum(log.losses[-50:]) / 50:.3f}")
+    log.seconds = time.perf_counter() - start
+    return model.eval(), log
+
+
+@torch.no_grad()
+def evaluate_loss(model: DecoderLM, ids: torch.Tensor, context: int, max_blocks: Optional[int] = None,
+                  batch_size: int = 64) -> float:
+    """Mean cross-entropy (nats per character) over consecutive blocks of ``context + 1`` ids of ``ids``.
+
+    Each block is read from its start, as in training; ``max_blocks`` keeps only the first blocks.
+    """
+    n = (len(ids) - 1) // context
+    n = n if max_blocks is None else min(n, max_blocks)
+    if n < 1:
+        raise ValueError(f"ids (length {len(ids)}) must be longer than context={context}")
+    blocks = ids[: n * context + 1]
+    x = blocks[:-1].view(n, context)  # (N,) -> (n, context)
+    y = blocks[1:].view(n, context)
+    total = 0.0
+    model.eval()
+    for i in range(0, n, batch_size):
+        logits = model(x[i : i + batch_size]).logits
+        total += F.cross_entropy(logits.flatten(0, 1), y[i : i + batch_size].flatten(), reduction="sum").item()
+    return total / (n * context)
+
+
+def save_lm_checkpoint(model: DecoderLM, log: TrainLog, recipe: LMRecipe = RECIPE,
+                       directory: PathLike = CHECKPOINT_DIR, extra: Optional[Dict[str, Any]] = None
+                       ) -> Dict[str, Any]:
+    """Write ``<recipe.name>.pt`` (config + weights) and its manifest entry (with ``extra`` fields)."""
+    sha = save_checkpoint(model, Path(directory) / f"{recipe.name}.pt")
+    entry = {**recipe_entry(recipe, model, log, sha, every=50), **(extra or {})}
+    record_in_manifest(directory, recipe.name, entry)
+    return entry
+
+
+def load_or_train_language_model(directory: PathLike = CHECKPOINT_DIR, retrain: bool = False,
+                                 recipe: LMRecipe = RECIPE, device: Optional[torch.device] = None
+                                 ) -> Tuple[DecoderLM, Dict[str, Any]]:
+    """The Shakespeare model: loaded from ``directory`` (sha256 verified) or trained here from ``recipe``.
+
+    Trains when ``retrain`` is true or when the manifest has no entry or file for ``recipe.name`` (the trained
+    model is not written to disk). A checkpoint made with a different recipe is refused.
+
+    Returns:
+        ``(model, entry)``: the model in eval mode and its manifest entry (``"sha256": None`` for a fresh run).
+    """
+    return load_or_train_recipe(recipe, directory, build_language_model,
+                                lambda: train_language_model(recipe, device=device), retrain, device,
+                                "python -m attention_core.shakespeare.train")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m attention_core.shakespeare.train [--steps N] [--out DIR]``: train and save the checkpoint."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--steps", type=int, default=RECIPE.steps, help="optimiser steps (default: the recipe's)")
+    parser.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    recipe = replace(RECIPE, steps=args.steps)
+    corpus = load_corpus()
+    cpu_start = time.process_time()
+    model, log = train_language_model(recipe, corpus)
+    cpu_seconds = time.process_time() - cpu_start
+    val = evaluate_loss(model, corpus.val, recipe.context)
+    entry = save_lm_checkpoint(model, log, recipe, args.out,
+                               extra={"val_loss": round(val, 4), "train_cpu_seconds": round(cpu_seconds, 1)})
+    print(f"{recipe.name}: {entry['parameters']} parameters, {log.seconds:.0f} s ({cpu_seconds:.0f} s CPU), "
+          f"final training loss {sum(log.losses[-50:]) / len(log.losses[-50:]):.4f}, validation loss {val:.4f}, "
+          f"sha256 {entry['sha256'][:12]}...", flush=True)
+
+
+if __name__ == "__main__":
+    main()

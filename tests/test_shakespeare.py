@@ -1,0 +1,146 @@
+"""The Shakespeare wing: the shipped text and its checksum, the split, the baselines, the checkpoint."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention_core.checkpoint import read_manifest
+from attention_core.shakespeare.data import (
+    TEXT_FILE,
+    CharVocab,
+    bigram_loss,
+    load_corpus,
+    load_text,
+    random_batch,
+    unigram_loss,
+)
+from attention_core.shakespeare.train import (
+    CHECKPOINT_DIR,
+    RECIPE,
+    evaluate_loss,
+    load_or_train_language_model,
+    save_lm_checkpoint,
+    train_language_model,
+)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus()
+
+
+def test_the_shipped_text_is_verified_and_complete(corpus) -> None:
+    text = load_text()
+    assert len(text) == 1_115_394 and text.startswith("First Citizen:")
+    assert len(corpus.vocab) == 65
+    assert len(corpus.train) + len(corpus.val) == len(text)
+
+
+def test_a_damaged_text_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    raw = bytearray(gzip.decompress(TEXT_FILE.read_bytes()))
+    raw[1000] ^= 1  # one flipped bit
+    bad = tmp_path / "tinyshakespeare.txt.gz"
+    bad.write_bytes(gzip.compress(bytes(raw)))
+    with pytest.raises(ValueError, match="has sha256 [0-9a-f]{64}, expected 86c4e6aa.*damaged"):
+        load_text(bad)
+    with pytest.raises(FileNotFoundError, match="no corpus file"):
+        load_text(tmp_path / "missing.gz")
+
+
+def test_the_split_is_by_position(corpus) -> None:
+    ids = corpus.vocab.encode(load_text())
+    n = len(corpus.train)
+    assert n == int(0.9 * len(ids))
+    assert torch.equal(corpus.train, ids[:n]) and torch.equal(corpus.val, ids[n:])
+
+
+def test_vocabulary_round_trip_and_unknown_characters() -> None:
+    vocab = CharVocab("hello world")
+    assert vocab.decode(vocab.encode("lower hold")) == "lower hold"
+    assert len(vocab) == 8
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        vocab.encode("z")
+
+
+def test_batches_are_crops_shifted_by_one(corpus) -> None:
+    g = torch.Generator().manual_seed(0)
+    x, y = random_batch(corpus.train, 4, 16, g)
+    assert x.shape == y.shape == (4, 16)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    x2, _ = random_batch(corpus.train, 4, 16, torch.Generator().manual_seed(0))
+    assert torch.equal(x, x2)
+
+
+def test_repeated_crops_repeat_a_stretch_of_the_text(corpus) -> None:
+    x, y = random_batch(corpus.train, 64, 40, torch.Generator().manual_seed(1), repeat_fraction=1.0,
+                        repeat_periods=(5, 9))
+    for row in torch.cat([x, y[:, -1:]], dim=1):  # the crop of context + 1 ids
+        period = next(p for p in range(5, 10) if torch.equal(row[p:], row[:-p]))
+        assert len(set(row[:period].tolist())) > 1  # a stretch of text, not one character
+    mixed, _ = random_batch(corpus.train, 400, 60, torch.Generator().manual_seed(2), repeat_fraction=0.5,
+                            repeat_periods=(8, 20))
+    periodic = sum(any(torch.equal(r[p:], r[:-p]) for p in range(8, 21)) for r in mixed)
+    assert 150 < periodic < 250
+    with pytest.raises(ValueError, match="repeat_fraction must be a float in \\[0, 1\\]"):
+        random_batch(corpus.train, 2, 8, repeat_fraction=1.5)
+
+
+def test_baselines_match_a_count_by_hand() -> None:
+    train, val = torch.tensor([0, 1, 0, 1, 1, 2]), torch.tensor([1, 0, 1])
+    # unigram, add-one: counts 2+1, 3+1, 1+1 of 9
+    expected = -(2 * math.log(4 / 9) + math.log(3 / 9)) / 3
+    assert abs(unigram_loss(train, val, 3) - expected) < 1e-12
+    # bigram, add-one: after 1 come 0, 1, 2 (+1 each: 2/6, 2/6, 2/6); after 0 come 1, 1 (3/5)
+    expected = -(math.log(2 / 6) + math.log(3 / 5)) / 2
+    assert abs(bigram_loss(train, val, 3) - expected) < 1e-12
+
+
+def test_bigram_beats_unigram_on_shakespeare(corpus) -> None:
+    uni = unigram_loss(corpus.train, corpus.val, len(corpus.vocab))
+    bi = bigram_loss(corpus.train, corpus.val, len(corpus.vocab))
+    assert 2.0 < bi < uni < math.log(65)
+
+
+def test_the_shipped_checkpoint_is_verified_and_beats_the_bigram(corpus) -> None:
+    shipped = read_manifest(CHECKPOINT_DIR).get(RECIPE.name)
+    assert shipped is not None and (CHECKPOINT_DIR / shipped["file"]).is_file(), "no shipped checkpoint"
+    model, entry = load_or_train_language_model()  # loads (sha256 checked), never trains here
+    assert entry == shipped and entry["recipe"] == asdict(RECIPE)
+    assert model.config["num_layers"] == RECIPE.num_layers >= 2
+    assert (CHECKPOINT_DIR / entry["file"]).stat().st_size < 2_000_000
+    loss = evaluate_loss(model, corpus.val, RECIPE.context, max_blocks=32)
+    assert loss < bigram_loss(corpus.train, corpus.val, len(corpus.vocab)) - 0.3
+
+
+def test_a_damaged_checkpoint_or_another_recipe_is_refused(tmp_path: Path) -> None:
+    shutil.copytree(CHECKPOINT_DIR, tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="differs from the one asked for"):
+        load_or_train_language_model(tmp_path / "ckpt", recipe=replace(RECIPE, lr=1.0))
+    entry = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())[RECIPE.name]
+    with open(tmp_path / "ckpt" / entry["file"], "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ValueError, match="sha256 .* expected"):
+        load_or_train_language_model(tmp_path / "ckpt")
+
+
+def test_training_runs_repeat_and_lower_the_loss(corpus, tmp_path: Path) -> None:
+    tiny = replace(RECIPE, name="tiny", d_model=32, num_heads=2, num_kv_heads=1, dim_feedforward=64, context=32,
+                   steps=30, batch_size=8, warmup=5)
+    torch.set_num_threads(1)
+    model, log = train_language_model(tiny, corpus, show_progress=False)
+    _, again = train_language_model(tiny, corpus, show_progress=False)
+    assert log.losses == again.losses
+    assert sum(log.losses[-5:]) / 5 < log.losses[0] - 0.5
+    entry = save_lm_checkpoint(model, log, tiny, tmp_path)
+    loaded, loaded_entry = load_or_train_language_model(tmp_path, recipe=tiny)
+    assert loaded_entry["sha256"] == entry["sha256"]
+    x = corpus.val[:33][None, :32]
+    assert torch.equal(loaded(x).logits, model(x).logits)
