@@ -165,6 +165,16 @@ def _check_sliders(page) -> None:
         assert after.count() == 1 and after.get_attribute("src") != before, "moving a static slider kept the figure"
         assert root.locator("output").inner_text() != value_before, "the slider's value label did not change"
         assert after.get_attribute("alt"), "a slider frame has no alt text"
+    for root in page.locator(".ac-texts").all():  # sliders over texts (generated samples)
+        shown = root.locator(".ac-text-frame:visible")
+        assert shown.count() == 1, "a text slider should show exactly one text"
+        before, value_before = shown.inner_text(), root.locator("output").inner_text()
+        rng = root.locator("input[type=range]")
+        target = rng.get_attribute("max") if rng.get_attribute("value") != rng.get_attribute("max") else "0"
+        rng.fill(target)
+        after = root.locator(".ac-text-frame:visible")
+        assert after.count() == 1 and after.inner_text() != before, "moving a text slider kept the text"
+        assert root.locator("output").inner_text() != value_before, "the text slider's value label did not change"
 
 
 def _check_quizzes(page) -> None:
