@@ -248,25 +248,9 @@ class Quiz(StaticTwin, widgets.VBox):
         self.feedback.value = _render(message, None if index is None else index == self.answer_index)
 
 
-def check_value(
-    name: str,
-    answer: str,
-    *,
-    rtol: float = 1e-2,
-    atol: float = 1e-8,
-    hint: str = "",
-    explanation: str = "",
-) -> ValueCheck:
-    """A :class:`ValueCheck` widget for a numeric answer named ``name``.
-
-    Args:
-        name: label in front of the text box.
-        answer: the reference answer, encoded by :func:`encode_answer` (so that it shows nowhere).
-        rtol, atol: tolerance, as in :func:`check`.
-        hint: shown after a wrong answer.
-        explanation: shown after a correct answer.
-    """
-    return ValueCheck(name, answer, rtol=rtol, atol=atol, hint=hint, explanation=explanation)
+#: The numeric self-check of a chapter: ``check_value(name, answer, rtol=..., atol=..., hint=..., explanation=...)``
+#: (the answer encoded by :func:`encode_answer`); another name for :class:`ValueCheck`.
+check_value = ValueCheck
 
 
 def quiz(

@@ -66,6 +66,14 @@ class BandwidthExplorer(StaticTwin, widgets.VBox):
     rendered site, where no kernel runs: a slider over precomputed frames, one per bandwidth in
     ``static_bandwidths`` (see :mod:`attention_core.booktools.static`). Works with ipywidgets 7.7 and 8.x.
 
+    Args:
+        x_train, y_train: (n,) training inputs (the keys) and targets (the values).
+        x_test, y_test: (m,) test inputs (queries) and true function values.
+        kernels: the kernel names on offer (the first is selected).
+        bandwidth: the slider's initial ``h`` (log-scaled slider from 0.01 to 10).
+        query: the query whose weights are drawn on the right.
+        static_bandwidths: the frames of the static version for the rendered site (None: no static version).
+
     Attributes:
         slider: the ``FloatLogSlider`` for ``h`` (0.01 to 10).
         kernel: the kernel ``Dropdown``.
@@ -142,27 +150,9 @@ class BandwidthExplorer(StaticTwin, widgets.VBox):
 
 
 
-def bandwidth_explorer(
-    x_train: torch.Tensor,
-    y_train: torch.Tensor,
-    x_test: torch.Tensor,
-    y_test: torch.Tensor,
-    kernels: Sequence[str] = ("gaussian", "boxcar", "epanechnikov"),
-    bandwidth: float = 0.3,
-    query: float = 2.5,
-    static_bandwidths: Sequence[float] | None = (0.02, 0.05, 0.15, 0.3, 0.6, 1.5),
-) -> BandwidthExplorer:
-    """A :class:`BandwidthExplorer` for the training pairs (keys, values) and the test grid.
-
-    Args:
-        x_train, y_train: (n,) training pairs (keys and values).
-        x_test, y_test: (m,) test inputs (queries) and true function values.
-        kernels: the kernel names on offer (the first is selected).
-        bandwidth: the slider's initial ``h`` (log-scaled slider from 0.01 to 10).
-        query: the query whose weights are drawn on the right.
-        static_bandwidths: the frames of the static version for the rendered site (None: no static version).
-    """
-    return BandwidthExplorer(x_train, y_train, x_test, y_test, kernels, bandwidth, query, static_bandwidths)
+#: The chapter-1 explorer for the training pairs (keys, values) and the test grid; another name for
+#: :class:`BandwidthExplorer`, with the same arguments.
+bandwidth_explorer = BandwidthExplorer
 
 
 # ------------------------------------------------------------------------------- chapter 4: Luong's window
