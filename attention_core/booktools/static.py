@@ -93,12 +93,7 @@ def frame_slider(
     Raises:
         ValueError: if ``frames`` is empty, lengths differ, or ``initial`` is out of range.
     """
-    if len(frames) == 0:
-        raise ValueError("frames: expected at least one figure, got none")
-    if len(frames) != len(values):
-        raise ValueError(f"values: expected one value per frame ({len(frames)}), got {len(values)}")
-    if not 0 <= initial < len(frames):
-        raise ValueError(f"initial: expected an index in [0, {len(frames) - 1}], got {initial}")
+    _check_slider(frames, values, initial, "frames", "figure")
     uris = [f if isinstance(f, str) else figure_to_data_uri(f, dpi=dpi) for f in frames]
     uid = _uid("frames", label, *values)
     imgs = "\n".join(
@@ -106,25 +101,44 @@ def frame_slider(
         f' style="display:{"block" if i == initial else "none"};max-width:100%">'
         for i, (uri, v) in enumerate(zip(uris, values))
     )
+    return _slider("frames", "ac-frame", uid, imgs, values, label, " =", initial)
+
+
+def _script(uid: str, body: str) -> str:
+    """``body`` as a script that runs once for the element ``uid``, with ``root`` bound to it (a page may show an
+    output twice, e.g. in a notebook viewer; the guard keeps the handlers from being attached twice)."""
+    return (f'<script>(function () {{\n  var root = document.getElementById("{uid}");\n'
+            f'  if (!root || root.dataset.bound) return;\n  root.dataset.bound = "1";\n{body}}})();</script>')
+
+
+def _check_slider(items: Sequence[Any], values: Sequence[Any], initial: int, name: str, noun: str) -> None:
+    if len(items) == 0:
+        raise ValueError(f"{name}: expected at least one {noun}, got none")
+    if len(items) != len(values):
+        raise ValueError(f"values: expected one value per {noun} ({len(items)}), got {len(values)}")
+    if not 0 <= initial < len(items):
+        raise ValueError(f"initial: expected an index in [0, {len(items) - 1}], got {initial}")
+
+
+def _slider(kind: str, item_class: str, uid: str, items: str, values: Sequence[Any], label: str, sep: str,
+            initial: int) -> HTML:
+    """The markup both sliders share: a labelled range input over ``items`` (each of class ``item_class``,
+    the ``initial`` one visible), and the few lines of script that show the chosen one."""
     labels = json.dumps([str(v) for v in values])
-    markup = f"""<div class="ac-frames" id="{uid}">
-<label>{html.escape(label)} = <output class="ac-frames-value">{html.escape(str(values[initial]))}</output>
-<input type="range" class="ac-frames-range" min="0" max="{len(frames) - 1}" step="1" value="{initial}"
+    markup = f"""<div class="ac-{kind}" id="{uid}">
+<label>{html.escape(label)}{sep} <output class="ac-{kind}-value">{html.escape(str(values[initial]))}</output>
+<input type="range" class="ac-{kind}-range" min="0" max="{len(values) - 1}" step="1" value="{initial}"
  aria-label="{html.escape(label)}" style="vertical-align:middle;width:14em"></label>
-{imgs}
+{items}
 </div>
-<script>(function () {{
-  var root = document.getElementById("{uid}");
-  if (!root || root.dataset.bound) return;
-  root.dataset.bound = "1";
-  var labels = {labels}, imgs = root.querySelectorAll(".ac-frame");
-  var range = root.querySelector(".ac-frames-range"), out = root.querySelector(".ac-frames-value");
+""" + _script(uid, f"""  var labels = {labels}, items = root.querySelectorAll(".{item_class}");
+  var range = root.querySelector(".ac-{kind}-range"), out = root.querySelector(".ac-{kind}-value");
   range.addEventListener("input", function () {{
     var k = Number(range.value);
-    imgs.forEach(function (img, i) {{ img.style.display = i === k ? "block" : "none"; }});
+    items.forEach(function (item, i) {{ item.style.display = i === k ? "block" : "none"; }});
     out.textContent = labels[k];
   }});
-}})();</script>"""
+""")
     return HTML(markup)
 
 
@@ -135,38 +149,14 @@ def text_slider(texts: Sequence[str], values: Sequence[Any], *, label: str, init
     Raises:
         ValueError: if ``texts`` is empty, lengths differ, or ``initial`` is out of range.
     """
-    if len(texts) == 0:
-        raise ValueError("texts: expected at least one text, got none")
-    if len(texts) != len(values):
-        raise ValueError(f"values: expected one value per text ({len(texts)}), got {len(values)}")
-    if not 0 <= initial < len(texts):
-        raise ValueError(f"initial: expected an index in [0, {len(texts) - 1}], got {initial}")
+    _check_slider(texts, values, initial, "texts", "text")
     uid = _uid("texts", label, *values, *texts)
     blocks = "\n".join(
         f'<pre class="ac-text-frame" style="display:{"block" if i == initial else "none"};white-space:pre-wrap">'
         f"{html.escape(t)}</pre>"
         for i, t in enumerate(texts)
     )
-    labels = json.dumps([str(v) for v in values])
-    markup = f"""<div class="ac-texts" id="{uid}">
-<label>{html.escape(label)}: <output class="ac-texts-value">{html.escape(str(values[initial]))}</output>
-<input type="range" class="ac-texts-range" min="0" max="{len(texts) - 1}" step="1" value="{initial}"
- aria-label="{html.escape(label)}" style="vertical-align:middle;width:14em"></label>
-{blocks}
-</div>
-<script>(function () {{
-  var root = document.getElementById("{uid}");
-  if (!root || root.dataset.bound) return;
-  root.dataset.bound = "1";
-  var labels = {labels}, blocks = root.querySelectorAll(".ac-text-frame");
-  var range = root.querySelector(".ac-texts-range"), out = root.querySelector(".ac-texts-value");
-  range.addEventListener("input", function () {{
-    var k = Number(range.value);
-    blocks.forEach(function (b, i) {{ b.style.display = i === k ? "block" : "none"; }});
-    out.textContent = labels[k];
-  }});
-}})();</script>"""
-    return HTML(markup)
+    return _slider("texts", "ac-text-frame", uid, blocks, values, label, ":", initial)
 
 
 def quiz_html(question: str, options: Sequence[str], answer_index: int, explanation: str = "") -> HTML:
@@ -193,11 +183,7 @@ def quiz_html(question: str, options: Sequence[str], answer_index: int, explanat
 </div>
 <p class="ac-quiz-feedback" role="status" aria-live="polite"></p>
 </div>
-<script>(function () {{
-  var root = document.getElementById("{uid}");
-  if (!root || root.dataset.bound) return;
-  root.dataset.bound = "1";
-  var feedback = root.querySelector(".ac-quiz-feedback");
+""" + _script(uid, f"""  var feedback = root.querySelector(".ac-quiz-feedback");
   root.querySelectorAll(".ac-quiz-option").forEach(function (button) {{
     button.addEventListener("click", function () {{
       var ok = button.dataset.correct === "1";
@@ -205,7 +191,7 @@ def quiz_html(question: str, options: Sequence[str], answer_index: int, explanat
       feedback.style.color = ok ? "#009E73" : "#D55E00";
     }});
   }});
-}})();</script>"""
+""")
     return HTML(markup)
 
 
@@ -226,10 +212,7 @@ def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: floa
 <button type="button" class="ac-answer-check">Check</button>
 <span class="ac-answer-feedback" role="status" aria-live="polite"></span>
 </div>
-<script>(function () {{
-  var root = document.getElementById("{uid}");
-  if (!root || root.dataset.bound) return;
-  root.dataset.bound = "1";
+""" + _script(uid, f"""\
   function unhide(s) {{ return decodeURIComponent(escape(atob(s.split("").reverse().join("")))); }}
   function parse(s) {{
     s = s.trim().replace("\u2212", "-");
@@ -243,7 +226,7 @@ def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: floa
     out.textContent = ok ? " Correct. " + unhide(root.dataset.why) : " Not yet. " + {json.dumps(hint)};
     out.style.color = ok ? "#009E73" : "#D55E00";
   }});
-}})();</script>"""
+""")
     return HTML(markup)
 
 
