@@ -66,24 +66,25 @@ def check_rank(x: torch.Tensor, name: str, ranks: Sequence[int], layout: str) ->
         )
 
 
-def check_same_dtype(**tensors: torch.Tensor) -> None:
-    """Raise ``TypeError`` unless every tensor has the dtype of the first one."""
+def _check_same(attr: str, error: type, tensors: dict, what: str, seen_as: str) -> None:
+    """Raise ``error`` unless every tensor's ``attr`` equals the first one's; ``what`` names the property in the
+    message ("have the dtype of", "be on the device of") and ``seen_as`` formats one tensor ("{n}.dtype={v}")."""
     items = list(tensors.items())
     first_name, first = items[0]
     for name, t in items[1:]:
-        if t.dtype != first.dtype:
-            seen = ", ".join(f"{n}.dtype={x.dtype}" for n, x in items)
-            raise TypeError(f"{name} must have the dtype of {first_name} ({first.dtype}); got {seen}")
+        if getattr(t, attr) != getattr(first, attr):
+            seen = ", ".join(seen_as.format(n=n, v=getattr(x, attr)) for n, x in items)
+            raise error(f"{name} must {what} {first_name} ({getattr(first, attr)}); got {seen}")
+
+
+def check_same_dtype(**tensors: torch.Tensor) -> None:
+    """Raise ``TypeError`` unless every tensor has the dtype of the first one."""
+    _check_same("dtype", TypeError, tensors, "have the dtype of", "{n}.dtype={v}")
 
 
 def check_same_device(**tensors: torch.Tensor) -> None:
     """Raise ``ValueError`` unless every tensor lives on the device of the first one."""
-    items = list(tensors.items())
-    first_name, first = items[0]
-    for name, t in items[1:]:
-        if t.device != first.device:
-            seen = ", ".join(f"{n} on {x.device}" for n, x in items)
-            raise ValueError(f"{name} must be on the device of {first_name} ({first.device}); got {seen}")
+    _check_same("device", ValueError, tensors, "be on the device of", "{n} on {v}")
 
 
 def check_dropout(p: object, name: str = "dropout_p") -> float:
