@@ -88,33 +88,29 @@ def _flash():
     return triton_flash
 
 
-def _jit_fn(kernel: str, dtype: str):
-    """The JITFunction under the autotune/heuristics wrappers of kernel ``kernel``."""
-    tf = _flash()
-    if hasattr(tf, "tuned_kernel"):
-        fn = tf.tuned_kernel(kernel, dtype)
-    else:
-        fn = getattr(tf, KERNELS[kernel])
+def _jit_fn(kernel: str):
+    """The JITFunction of kernel ``kernel`` (under its autotune/heuristics wrappers, if any)."""
+    fn = getattr(_flash(), KERNELS[kernel])
     while not hasattr(fn, "arg_names") or not hasattr(fn, "constexprs"):
         fn = fn.fn
     return fn
 
 
-def kernel_configs(kernel: str, dtype: str) -> list:
+def kernel_configs(kernel: str, dtype: str, E: int) -> list:
     """The autotune candidates of ``kernel`` for ``dtype`` inputs, as ``(BLOCK_M, BLOCK_N, warps, stages)``."""
     tf = _flash()
     if kernel == "preprocess":
-        return [(tf.PREPROCESS_BLOCK if hasattr(tf, "PREPROCESS_BLOCK") else 64, 0, 4, 1)]
-    configs = tf.autotune_configs(kernel, dtype) if hasattr(tf, "autotune_configs") else tf._configs(kernel)
-    return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs]
+        return [(tf.PREPROCESS_BLOCK, 0, 4, 1)]
+    return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+            for c in tf.autotune_configs(kernel, dtype, E)]
 
 
 def launch_args(kernel: str, dtype: str, E: int, causal: bool, BLOCK_M: int, BLOCK_N: int, *, B: int = 4,
                 Hq: int = 16, H: int = 16, L: int = 4096, S: int = 4096) -> Dict[str, Any]:
     """Every argument of ``kernel`` by name, as a launch on contiguous (B, H, N, E) tensors would pass them.
 
-    Pointers are strings (their Triton type), everything else its value; the constexprs a launcher derives
-    (``EVEN_N``, ``BLOCK_D`` ...) come from :func:`triton_flash.kernel_constexprs` when it exists.
+    Pointers are strings (their Triton type), everything else its value; the compile-time arguments come
+    from :func:`triton_flash.kernel_constexprs`, the launcher's own rule.
     """
     tf = _flash()
     elt = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[dtype]
@@ -125,15 +121,14 @@ def launch_args(kernel: str, dtype: str, E: int, causal: bool, BLOCK_M: int, BLO
         for axis, stride in zip("bhmnd", (heads * n * E, n * E, E, E, 1)):
             values[f"stride_{t}{axis}"] = stride
     left, right = tf.window_bounds(L, S, causal, None)
-    values.update(Hq=Hq, H=H, GROUP=Hq // H, L=L, S=S, left=left, right=right, sm_scale=E ** -0.5)
+    L_bucket, S_bucket = tf._buckets(L, S)
+    values.update(Hq=Hq, H=H, GROUP=Hq // H, GROUP_PER=Hq // H, L=L, S=S, left=left, right=right,
+                  L_BUCKET=L_bucket, S_BUCKET=S_bucket, stride_dks=0, stride_dvs=0, sm_scale=E ** -0.5)
     for name in ("Q", "K", "V", "Out", "DO", "DQ", "DK", "DV"):
         values[name] = elt
     values.update(LSE="*fp32", Delta="*fp32")
-    values.update(E=E, Ev=E, BLOCK_D=E, BLOCK_DV=E, PRECISION="ieee" if dtype == "float32" else "tf32",
-                  BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    if hasattr(tf, "kernel_constexprs"):
-        values.update(tf.kernel_constexprs(kernel, L=L, S=S, E=E, Ev=E, Hq=Hq, H=H, is_causal=causal,
-                                           window=None, dtype=dtype, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N))
+    values.update(tf.kernel_constexprs(kernel, L=L, S=S, E=E, Ev=E, left=left, right=right, dtype=dtype,
+                                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N))
     return values
 
 
@@ -189,7 +184,7 @@ def compile_kernel(kernel: str, *, arch: int, dtype: str, E: int, causal: bool =
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = _jit_fn(kernel, dtype)
+    fn = _jit_fn(kernel)
     values = launch_args(kernel, dtype, E, causal, BLOCK_M, BLOCK_N, **(launch or {}))
     signature, constexprs, attrs = _signature(fn, values)
     log = io.StringIO()
