@@ -147,17 +147,60 @@ def _tile_ranges(r0, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, n_cols, left,
     ``lo <= a <= b <= hi``: tiles in ``[lo, a)`` and ``[b, hi)`` need the mask, tiles in ``[a, b)`` are
     visible to every row of the block (no mask), and no column outside ``[lo, hi)`` is visible to any row.
     All arguments are non-negative, so ``//`` never rounds a negative number (Triton truncates, NumPy
-    floors). Used for the window mode; the full and causal modes have closed forms.
+    floors). The window mode's split (see :func:`_col_ranges`).
     """
-    lo = tl.maximum(r0 - left, 0)
-    lo = (lo // BLOCK_C) * BLOCK_C
-    hi = tl.minimum(r0 + BLOCK_R + right, n_cols)  # one past the last column any row sees
-    hi = (tl.maximum(hi, 0) + BLOCK_C - 1) // BLOCK_C * BLOCK_C
+    first = tl.maximum(r0 - left, 0)  # the first column any row sees
+    end = tl.minimum(r0 + BLOCK_R + right, n_cols)  # one past the last one
+    lo = first // BLOCK_C * BLOCK_C
+    hi = tl.where(end > first, (end + BLOCK_C - 1) // BLOCK_C * BLOCK_C, lo)  # no tile if no row sees any
     inner_lo = tl.maximum(r0 + BLOCK_R - 1 - left, lo)  # every row sees columns in [inner_lo, inner_hi)
     inner_hi = tl.minimum(r0 + right + 1, n_cols)
     a = lo + (inner_lo - lo + BLOCK_C - 1) // BLOCK_C * BLOCK_C
-    a = tl.minimum(a, hi)
     b = a + tl.maximum(inner_hi - a, 0) // BLOCK_C * BLOCK_C
+    a = tl.minimum(a, hi)
+    b = tl.minimum(tl.maximum(b, a), hi)
+    return lo, a, b, hi
+
+
+@triton.jit
+def _col_ranges(r0, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, n_cols, left, right, MODE: tl.constexpr,
+                ROWS_ARE_QUERIES: tl.constexpr):
+    """The column tiles rows ``[r0, r0 + BLOCK_R)`` visit: masked ``[lo, a)``, unmasked ``[a, b)``, masked ``[b, hi)``.
+
+    Each run is walked ``BLOCK_C`` at a time from its start. Rows are queries (forward, dQ; columns are keys)
+    or keys (dK/dV; columns are queries, and the window's ``left``/``right`` swap). Every visible column is
+    in exactly one visited tile, every column of an unmasked tile is visible to every row, and no visited
+    tile is hidden from all rows (tests/_triton_interp_cases.py checks this for every block size).
+
+    Closed forms for the full and causal modes leave some runs empty, so those loops are not compiled:
+    forward/dQ visit no ``[lo, a)`` (and no ``[b, hi)`` in the full mode when ``n_cols % BLOCK_C == 0``);
+    dK/dV visit no ``[lo, a)`` in the full mode and no ``[b, hi)`` outside the window mode. A column past
+    ``n_cols`` may sit in an unmasked dK/dV tile: it is a query that loads as zeros and adds nothing.
+    """
+    if MODE == 2:
+        if ROWS_ARE_QUERIES:
+            lo, a, b, hi = _tile_ranges(r0, BLOCK_R, BLOCK_C, n_cols, left, right)
+        else:  # key j is seen by query i when j - right <= i <= j + left
+            lo, a, b, hi = _tile_ranges(r0, BLOCK_R, BLOCK_C, n_cols, right, left)
+    elif MODE == 1:
+        if ROWS_ARE_QUERIES:  # keys left of the first query: seen by every row; then the diagonal
+            lo = 0
+            a = 0
+            b = tl.minimum(r0, n_cols) // BLOCK_C * BLOCK_C
+            hi = tl.minimum(r0 + BLOCK_R, n_cols)
+        else:  # queries i >= j: the tiles on the diagonal (masked), then every later one
+            lo = tl.where(r0 < n_cols, r0 // BLOCK_C * BLOCK_C, n_cols)  # keys past the last query: none
+            a = tl.minimum((r0 + BLOCK_R + BLOCK_C - 1) // BLOCK_C * BLOCK_C, n_cols)
+            b = n_cols
+            hi = n_cols
+    else:
+        lo = 0
+        a = 0
+        if ROWS_ARE_QUERIES:  # whole key tiles unmasked, the partial last one masked
+            b = n_cols // BLOCK_C * BLOCK_C
+        else:
+            b = n_cols
+        hi = n_cols
     return lo, a, b, hi
 
 
@@ -249,31 +292,18 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale,
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # scores in base 2: exp(x) = exp2(x * log2(e))
 
+    lo, a, b, hi = _col_ranges(start_m, BLOCK_M, BLOCK_N, S, left, right, MODE, True)
     if MODE == 2:
-        lo, a, b, hi = _tile_ranges(start_m, BLOCK_M, BLOCK_N, S, left, right)
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
                                         offs_m, lo, a, S, left, right, qk_scale,
                                         E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, True, MODE, EVEN_N, PRECISION)
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                                        offs_m, a, b, S, left, right, qk_scale,
-                                        E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, False, MODE, EVEN_N, PRECISION)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                                    offs_m, a, b, S, left, right, qk_scale,
+                                    E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, False, MODE, EVEN_N, PRECISION)
+    if MODE != 0 or not EVEN_N:
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
                                         offs_m, b, hi, S, left, right, qk_scale,
                                         E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, True, MODE, EVEN_N, PRECISION)
-    else:
-        if MODE == 1:  # keys left of the tile's first query are seen by all its rows; then the diagonal
-            bulk_end = tl.minimum(start_m, S) // BLOCK_N * BLOCK_N
-            edge_end = tl.minimum(start_m + BLOCK_M, S)
-        else:  # every key, the last partial tile masked
-            bulk_end = S // BLOCK_N * BLOCK_N
-            edge_end = S
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                                        offs_m, 0, bulk_end, S, left, right, qk_scale,
-                                        E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, False, MODE, EVEN_N, PRECISION)
-        if MODE == 1 or not EVEN_N:
-            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                                            offs_m, bulk_end, edge_end, S, left, right, qk_scale,
-                                            E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, True, MODE, EVEN_N, PRECISION)
 
     if MODE == 2:  # only a window can leave a row with no key: output 0, lse -inf
         alive = l_i > 0.0
@@ -391,19 +421,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE, Delta, sm_scale,
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
 
-    # Which query tiles this key tile meets; query i sees key j when j - right <= i <= j + left.
-    if MODE == 2:
-        lo, a, b, hi = _tile_ranges(start_n, BLOCK_N, BLOCK_M, L, right, left)
-    elif MODE == 1:  # queries i >= j: the tiles on the diagonal (masked), then every later one (unmasked)
-        lo = start_n // BLOCK_M * BLOCK_M
-        a = tl.minimum((start_n + BLOCK_N + BLOCK_M - 1) // BLOCK_M * BLOCK_M, L)
-        b = L
-        hi = L
-    else:
-        lo = 0
-        a = 0
-        b = L
-        hi = L
+    lo, a, b, hi = _col_ranges(start_n, BLOCK_N, BLOCK_M, L, left, right, MODE, False)
     g0 = off_split * GROUP_PER
     for g in range(g0, g0 + GROUP_PER):
         off_h = off_hkv * GROUP + g
@@ -493,31 +511,18 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, LSE, Delta, sm_scale,
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
 
+    lo, a, b, hi = _col_ranges(start_m, BLOCK_M, BLOCK_N, S, left, right, MODE, True)
     if MODE == 2:
-        lo, a, b, hi = _tile_ranges(start_m, BLOCK_M, BLOCK_N, S, left, right)
         dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
                                 offs_m, lo, a, S, left, right, qk_scale,
                                 E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, True, MODE, EVEN_N, PRECISION)
-        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                                offs_m, a, b, S, left, right, qk_scale,
-                                E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, False, MODE, EVEN_N, PRECISION)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m, a, b, S, left, right, qk_scale,
+                            E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, False, MODE, EVEN_N, PRECISION)
+    if MODE != 0 or not EVEN_N:
         dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
                                 offs_m, b, hi, S, left, right, qk_scale,
                                 E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, True, MODE, EVEN_N, PRECISION)
-    else:
-        if MODE == 1:
-            bulk_end = tl.minimum(start_m, S) // BLOCK_N * BLOCK_N
-            edge_end = tl.minimum(start_m + BLOCK_M, S)
-        else:
-            bulk_end = S // BLOCK_N * BLOCK_N
-            edge_end = S
-        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                                offs_m, 0, bulk_end, S, left, right, qk_scale,
-                                E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, False, MODE, EVEN_N, PRECISION)
-        if MODE == 1 or not EVEN_N:
-            dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                                    offs_m, bulk_end, edge_end, S, left, right, qk_scale,
-                                    E, Ev, BLOCK_D, BLOCK_DV, BLOCK_N, True, MODE, EVEN_N, PRECISION)
     dq *= sm_scale  # d(scores)/dQ = scale * K
     _store(DQ + off_b * stride_dqb + off_h * stride_dqh + row0 * stride_dqm + rows[:, None] * stride_dqm
            + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), offs_m, L, offs_d, E,
