@@ -21,7 +21,8 @@ reference   eager torch math, any device                 yes      yes     yes   
 numpy       float64 NumPy oracle (copies to the CPU)     no       no      no      any device (computes on CPU)
 torch       ``torch.nn.functional.scaled_dot_product_…`` yes      yes     no      any device
 chunked     online softmax over tiles, custom backward   yes      no      no      any device
-triton      FlashAttention-2 forward + backward kernels  yes      no      no      CUDA sm_75+ (bf16: sm_80+);
+triton      FlashAttention-2 forward + backward kernels  yes      no      no      CUDA sm_75+ (bf16: sm_80+;
+                                                                                  tensor cores: sm_80+);
                                                                                   CPU under ``TRITON_INTERPRET=1``
 cuda        hand-written CUDA C++ forward (two levels)   yes (a)  no      no      CUDA sm_75+ with nvcc + ninja
 =========== ============================================ ======== ======= ======= ==============================
