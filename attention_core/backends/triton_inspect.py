@@ -106,7 +106,8 @@ def kernel_configs(kernel: str, dtype: str, E: int) -> list:
 
 
 def launch_args(kernel: str, dtype: str, E: int, causal: bool, BLOCK_M: int, BLOCK_N: int, *, B: int = 4,
-                Hq: int = 16, H: int = 16, L: int = 4096, S: int = 4096) -> Dict[str, Any]:
+                Hq: int = 16, H: int = 16, L: int = 4096, S: int = 4096, window: Optional[int] = None
+                ) -> Dict[str, Any]:
     """Every argument of ``kernel`` by name, as a launch on contiguous (B, H, N, E) tensors would pass them.
 
     Pointers are strings (their Triton type), everything else its value; the compile-time arguments come
@@ -120,7 +121,7 @@ def launch_args(kernel: str, dtype: str, E: int, causal: bool, BLOCK_M: int, BLO
     for t, (heads, n) in shapes.items():
         for axis, stride in zip("bhmnd", (heads * n * E, n * E, E, E, 1)):
             values[f"stride_{t}{axis}"] = stride
-    left, right = tf.window_bounds(L, S, causal, None)
+    left, right = tf.window_bounds(L, S, causal, window)
     L_bucket, S_bucket = tf._buckets(L, S)
     values.update(Hq=Hq, H=H, GROUP=Hq // H, GROUP_PER=Hq // H, L=L, S=S, left=left, right=right,
                   L_BUCKET=L_bucket, S_BUCKET=S_bucket, stride_dks=0, stride_dvs=0, sm_scale=E ** -0.5)
@@ -177,7 +178,7 @@ def compile_kernel(kernel: str, *, arch: int, dtype: str, E: int, causal: bool =
         E: head dim (E = Ev).
         causal: compile the causal variant (else the unmasked one).
         BLOCK_M, BLOCK_N, num_warps, num_stages: the configuration.
-        launch: overrides for :func:`launch_args` (e.g. ``L``, ``S``).
+        launch: overrides for :func:`launch_args` (e.g. ``L``, ``S``, ``window``).
     """
     import triton
     from triton import knobs
