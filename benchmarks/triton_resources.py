@@ -55,7 +55,7 @@ def _jobs(archs, dtypes, head_dims, modes, kernels) -> List[Dict[str, Any]]:
     for arch, E, kernel in itertools.product(archs, head_dims, kernels):
         for dtype in _dtypes(arch, dtypes):
             for causal in (modes if kernel != "preprocess" else [True]):  # preprocess has no mask
-                for bm, bn, w, st in kernel_configs(kernel, dtype, E):
+                for bm, bn, w, st in kernel_configs(kernel, dtype, E, arch):
                     jobs.append(dict(kernel=kernel, arch=arch, dtype=dtype, E=E, causal=causal, BLOCK_M=bm,
                                      BLOCK_N=bn, num_warps=w, num_stages=st))
     return jobs
@@ -83,7 +83,7 @@ def favoured(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         fav = getattr(triton_flash, "favoured_config", None)
         if fav is None or row.get("error"):
             continue
-        cfg = fav(row["kernel"], row["dtype"], row["E"])
+        cfg = fav(row["kernel"], row["dtype"], row["E"], row["arch"])
         if cfg is not None and (row["BLOCK_M"], row["BLOCK_N"], row["num_warps"], row["num_stages"]) == cfg:
             out.append(row)
     return out

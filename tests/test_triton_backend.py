@@ -154,20 +154,26 @@ def test_autotune_key_is_bucketed() -> None:
 
 @pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1",
                     reason="needs triton, compiled kernels (the interpreter has one fixed config)")
-def test_candidates_are_pruned_by_dtype_and_head_dim() -> None:
-    """fp32 inputs get their own small tiles; each call times only its dtype's and head dim's candidates."""
+def test_candidates_are_pruned_by_dtype_and_head_dim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 gets its own small tiles, a pre-sm_80 GPU its own too; each call times only its own candidates."""
     from attention_core.backends import triton_flash
 
-    class _Q:
-        dtype = torch.float32
+    class _Q:  # the only things the pruning reads of the query tensor
+        dtype, device = torch.float32, torch.device("cpu")
+
+    def kept(tuned, **kw: int) -> list:
+        return sorted(map(triton_flash._shape, tuned.early_config_prune(tuned.configs, {"Q": _Q()}, **kw)))
 
     for kernel, tuned in zip(("fwd", "dq", "dkdv"), triton_flash._TUNED):
-        fp32 = tuned.early_config_prune(tuned.configs, {"Q": _Q()}, E=64, Ev=64)
-        assert sorted(map(triton_flash._shape, fp32)) == sorted(triton_flash.CANDIDATES[(kernel, "fp32", 64)])
+        _Q.dtype, _Q.device = torch.float32, torch.device("cpu")
+        assert kept(tuned, E=64, Ev=64) == sorted(triton_flash.CANDIDATES[(kernel, "fp32", 64)])
         _Q.dtype = torch.float16
-        half = tuned.early_config_prune(tuned.configs, {"Q": _Q()}, E=100, Ev=128)
-        assert sorted(map(triton_flash._shape, half)) == sorted(triton_flash.CANDIDATES[(kernel, "half", 128)])
-        _Q.dtype = torch.float32
+        assert kept(tuned, E=100, Ev=128) == sorted(triton_flash.CANDIDATES[(kernel, "half", 128)])
+        _Q.device = torch.device("cuda", 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+        assert kept(tuned, E=64, Ev=64) == sorted(triton_flash.CANDIDATES[(kernel, "sm75", 64)])
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        assert kept(tuned, E=64, Ev=64) == sorted(triton_flash.CANDIDATES[(kernel, "half", 64)])
     assert max(bm * bn for bm, bn, _, _ in triton_flash.CANDIDATES[("fwd", "fp32", 128)]) < 128 * 64
 
 

@@ -534,10 +534,12 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, LSE, Delta, sm_scale,
 #: A candidate block shape: (BLOCK_M, BLOCK_N, num_warps, num_stages).
 Shape = Tuple[int, int, int, int]
 
-#: Autotune candidates per (kernel, "half" (fp16/bf16) or "fp32", head-dim bucket 64 or 128), the one the
-#: autotuner is expected to favour first. Every candidate compiles for sm_80 and sm_90 without spilling
-#: (benchmarks/results/triton_resources.md). fp32 gets small tiles: its dots run on the FMA units with
-#: every operand in registers, where fp16-sized tiles spill kilobytes per thread. For dK/dV, BLOCK_N is the
+#: Autotune candidates per (kernel, kind, head-dim bucket 64 or 128), the one the autotuner is expected to
+#: favour first. Kinds: "half" (fp16/bf16 on sm_80+: tensor cores), "fp32" (IEEE dots on the FMA units, with
+#: every operand in registers, where fp16-sized tiles spill kilobytes per thread) and "sm75" (any dtype before
+#: sm_80, where Triton emits no tensor-core instruction either). Every "half" and "fp32" candidate compiles for
+#: sm_80 and sm_90 without spilling, causal or not; "sm75" ones do on sm_75 except the float16 backward at
+#: E = 128, which spills whatever the tile (benchmarks/results/triton_resources.md). For dK/dV, BLOCK_N is the
 #: tall key tile and BLOCK_M the short query tile.
 CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
     ("fwd", "half", 64): [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3),
@@ -546,13 +548,19 @@ CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
     ("dq", "half", 64): [(128, 32, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
     ("dq", "half", 128): [(128, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
     ("dkdv", "half", 64): [(32, 128, 8, 3), (16, 128, 4, 3), (64, 64, 4, 2), (32, 64, 4, 3), (16, 64, 4, 3)],
-    ("dkdv", "half", 128): [(16, 128, 8, 3), (64, 64, 8, 2), (32, 64, 4, 3), (16, 64, 4, 3)],
+    ("dkdv", "half", 128): [(16, 128, 8, 3), (64, 64, 8, 2), (16, 64, 4, 3)],
     ("fwd", "fp32", 64): [(32, 32, 4, 2), (32, 32, 8, 2), (16, 64, 4, 2)],
     ("fwd", "fp32", 128): [(16, 64, 8, 2), (32, 32, 8, 1), (16, 32, 8, 2)],
-    ("dq", "fp32", 64): [(32, 32, 4, 2), (32, 32, 8, 2), (16, 32, 4, 2)],
+    ("dq", "fp32", 64): [(32, 32, 8, 2), (16, 32, 4, 2)],
     ("dq", "fp32", 128): [(32, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2)],
     ("dkdv", "fp32", 64): [(16, 64, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2)],
-    ("dkdv", "fp32", 128): [(32, 32, 8, 2), (16, 32, 4, 2)],
+    ("dkdv", "fp32", 128): [(16, 32, 8, 2), (16, 32, 4, 2)],
+    ("fwd", "sm75", 64): [(16, 32, 8, 2), (32, 32, 8, 2), (16, 16, 4, 2)],
+    ("fwd", "sm75", 128): [(16, 32, 8, 2), (32, 32, 8, 2), (16, 16, 4, 2)],
+    ("dq", "sm75", 64): [(32, 32, 8, 2), (16, 64, 8, 2), (16, 32, 4, 2)],
+    ("dq", "sm75", 128): [(16, 16, 4, 2), (16, 32, 8, 2)],
+    ("dkdv", "sm75", 64): [(16, 32, 8, 2), (16, 16, 4, 2)],
+    ("dkdv", "sm75", 128): [(32, 32, 8, 2), (16, 64, 8, 2)],
 }
 
 #: A new best config is searched for each distinct value of these arguments (and of the tensors' dtypes).
@@ -563,8 +571,10 @@ _TUNE_KEY = ["L_BUCKET", "S_BUCKET", "E", "Ev", "MODE", "PRECISION"]
 PREPROCESS_BLOCK = 64
 
 
-def _kind(dtype: object) -> str:
-    """"fp32" for float32 inputs (IEEE dots on the FMA units), "half" for float16 and bfloat16."""
+def _kind(dtype: object, arch: Optional[int] = None) -> str:
+    """"sm75" before sm_80 (``arch`` 75), else "fp32" for float32 inputs, "half" for float16 and bfloat16."""
+    if arch is not None and arch < 80:
+        return "sm75"
     return "fp32" if str(dtype).replace("torch.", "") in ("float32", "fp32") else "half"
 
 
@@ -581,27 +591,37 @@ def _config(shape: Shape) -> triton.Config:
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
 
 
-def autotune_configs(kernel: str, dtype: object, E: int) -> List[triton.Config]:
-    """The autotune candidates of ``kernel`` ("fwd", "dq", "dkdv") for ``dtype`` inputs and head dim ``E``."""
-    return [_config(shape) for shape in CANDIDATES[(kernel, _kind(dtype), _bucket(E))]]
+def autotune_configs(kernel: str, dtype: object, E: int, arch: Optional[int] = None) -> List[triton.Config]:
+    """The autotune candidates of ``kernel`` ("fwd", "dq", "dkdv") for ``dtype`` inputs, head dim ``E``, and
+    compute capability ``arch`` (e.g. 90; ``None``: sm_80 or newer)."""
+    return [_config(shape) for shape in CANDIDATES[(kernel, _kind(dtype, arch), _bucket(E))]]
 
 
-def favoured_config(kernel: str, dtype: object, E: int) -> Optional[Shape]:
-    """The candidate the autotuner is expected to pick on an H100 (the first listed); ``None`` for preprocess.
+def favoured_config(kernel: str, dtype: object, E: int, arch: Optional[int] = None) -> Optional[Shape]:
+    """The candidate the autotuner is expected to pick (the first listed); ``None`` for the preprocess.
 
-    Expected, not measured: it is the Triton tutorial's choice for these tile sizes, and the one the resource
-    guard (tests/test_triton_resources.py) holds to 0 spills and tensor-core instructions.
+    Expected, not measured (no GPU has timed them): the Triton tutorial's tile shapes where they fit, else
+    the largest tile that compiles without spilling. It is the config the resource guard
+    (tests/test_triton_resources.py) holds to 0 spills and tensor-core instructions on sm_80 and sm_90.
     """
     if kernel == "preprocess":
         return None
-    return CANDIDATES[(kernel, _kind(dtype), _bucket(E))][0]
+    return CANDIDATES[(kernel, _kind(dtype, arch), _bucket(E))][0]
+
+
+def _capability(t: torch.Tensor) -> Optional[int]:
+    if t.device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(t.device)
+    return 10 * major + minor
 
 
 def _prune(kernel: str):
-    """``early_config_prune``: keep the candidates of this call's dtype and head-dim bucket."""
+    """``early_config_prune``: keep the candidates of this call's GPU, dtype and head-dim bucket."""
 
     def prune(configs: List[triton.Config], named_args: dict, **kwargs: object) -> List[triton.Config]:
-        key = (kernel, _kind(named_args["Q"].dtype), _bucket(max(int(kwargs["E"]), int(kwargs["Ev"]))))
+        q = named_args["Q"]
+        key = (kernel, _kind(q.dtype, _capability(q)), _bucket(max(int(kwargs["E"]), int(kwargs["Ev"]))))
         wanted = set(CANDIDATES[key])
         return [c for c in configs if _shape(c) in wanted]
 

@@ -96,13 +96,14 @@ def _jit_fn(kernel: str):
     return fn
 
 
-def kernel_configs(kernel: str, dtype: str, E: int) -> list:
-    """The autotune candidates of ``kernel`` for ``dtype`` inputs, as ``(BLOCK_M, BLOCK_N, warps, stages)``."""
+def kernel_configs(kernel: str, dtype: str, E: int, arch: Optional[int] = None) -> list:
+    """The autotune candidates of ``kernel`` for ``dtype``, ``E`` and ``sm_<arch>``, as
+    ``(BLOCK_M, BLOCK_N, warps, stages)``."""
     tf = _flash()
     if kernel == "preprocess":
         return [(tf.PREPROCESS_BLOCK, 0, 4, 1)]
     return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-            for c in tf.autotune_configs(kernel, dtype, E)]
+            for c in tf.autotune_configs(kernel, dtype, E, arch)]
 
 
 def launch_args(kernel: str, dtype: str, E: int, causal: bool, BLOCK_M: int, BLOCK_N: int, *, B: int = 4,
