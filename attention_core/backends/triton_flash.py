@@ -538,8 +538,9 @@ Shape = Tuple[int, int, int, int]
 #: favour first. Kinds: "half" (fp16/bf16 on sm_80+: tensor cores), "fp32" (IEEE dots on the FMA units, with
 #: every operand in registers, where fp16-sized tiles spill kilobytes per thread) and "sm75" (any dtype before
 #: sm_80, where Triton emits no tensor-core instruction either). Every "half" and "fp32" candidate compiles for
-#: sm_80 and sm_90 without spilling, causal or not; "sm75" ones do on sm_75 except the float16 backward at
-#: E = 128, which spills whatever the tile (benchmarks/results/triton_resources.md). For dK/dV, BLOCK_N is the
+#: sm_80 and sm_90 without spilling, causal or not; "sm75" ones fit a T4's 64 KiB of shared memory and do not
+#: spill on sm_75 except in the float16 backward at E = 128, which spills whatever the tile (from 256 bytes
+#: per thread; benchmarks/results/triton_resources.md). For dK/dV, BLOCK_N is the
 #: tall key tile and BLOCK_M the short query tile.
 CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
     ("fwd", "half", 64): [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3),
@@ -558,9 +559,9 @@ CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
     ("fwd", "sm75", 64): [(16, 32, 8, 2), (32, 32, 8, 2), (16, 16, 4, 2)],
     ("fwd", "sm75", 128): [(16, 32, 8, 2), (32, 32, 8, 2), (16, 16, 4, 2)],
     ("dq", "sm75", 64): [(32, 32, 8, 2), (16, 64, 8, 2), (16, 32, 4, 2)],
-    ("dq", "sm75", 128): [(16, 16, 4, 2), (16, 32, 8, 2)],
+    ("dq", "sm75", 128): [(16, 16, 4, 2), (16, 32, 4, 2)],
     ("dkdv", "sm75", 64): [(16, 32, 8, 2), (16, 16, 4, 2)],
-    ("dkdv", "sm75", 128): [(32, 32, 8, 2), (16, 64, 8, 2)],
+    ("dkdv", "sm75", 128): [(16, 32, 8, 2), (32, 16, 4, 2)],
 }
 
 #: A new best config is searched for each distinct value of these arguments (and of the tensors' dtypes).
