@@ -10,7 +10,7 @@ and sm_90 (H100), with :func:`attention_core.backends.triton_inspect.compile_ker
     benchmarks/results/triton_resources.md     the favoured configs, then every row, as tables
 
 and a copy of the favoured rows into the package (``attention_core/backends/triton_resources.json``) for
-the chapter, which may run where this checkout is not. Example (about 10 minutes on 2 cores)::
+the chapter, which may run where this checkout is not. Example (about 4 minutes on 2 idle cores)::
 
     python benchmarks/triton_resources.py --jobs 2
     python benchmarks/triton_resources.py --archs 90 --dtypes float16 --out /tmp/r   # a quick subset

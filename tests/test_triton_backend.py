@@ -162,7 +162,7 @@ def test_candidates_are_pruned_by_dtype_and_head_dim(monkeypatch: pytest.MonkeyP
         dtype, device = torch.float32, torch.device("cpu")
 
     def kept(tuned, **kw: int) -> list:
-        return sorted(map(triton_flash._shape, tuned.early_config_prune(tuned.configs, {"Q": _Q()}, **kw)))
+        return sorted(map(triton_flash.shape_of, tuned.early_config_prune(tuned.configs, {"Q": _Q()}, **kw)))
 
     for kernel, tuned in zip(("fwd", "dq", "dkdv"), triton_flash._TUNED):
         _Q.dtype, _Q.device = torch.float32, torch.device("cpu")

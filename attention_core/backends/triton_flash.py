@@ -25,8 +25,9 @@ window     masked, unmasked, masked (:func:`_tile_ranges`)           the same, r
 every load and store at compile time. Row offsets are 64-bit (a program's first row times the row stride can
 pass 2^31); offsets inside a tile stay 32-bit.
 
-Layout (as the Triton tutorial): jit kernels -> configs -> launchers (validate, allocate, grid) -> autograd
-Function -> public :func:`flash_attention`, plus the registry adapter :func:`attention`.
+Layout (as the Triton tutorial): jit kernels -> autotuning (the candidates are in
+:mod:`attention_core.backends.triton_configs`) -> launchers (validate, allocate, grid) -> autograd Function ->
+public :func:`flash_attention`, plus the registry adapter :func:`attention`.
 
 Dtypes: float16 and bfloat16 (float32 accumulation, tensor cores), and float32 (dots in IEEE fp32, not TF32,
 on the ordinary FMA units, with its own smaller tiles) so that the CPU interpreter can check the kernels. Head
@@ -47,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 import triton
@@ -58,6 +59,19 @@ from attention_core.backends.fused_checks import (
     check_fused_inputs,
     triton_grid_reason,
     triton_tensor_core_warning,
+)
+from attention_core.backends.triton_configs import (  # noqa: F401  (re-exported: tests, triton_inspect)
+    CANDIDATES,
+    PREPROCESS_BLOCK,
+    TUNE_KEY,
+    autotune_configs,
+    check_block,
+    favoured_config,
+    interpreter_shape,
+    kind,
+    make_config,
+    prune_for,
+    shape_of,
 )
 
 __all__ = [
@@ -531,132 +545,17 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, LSE, Delta, sm_scale,
 
 # ------------------------------------------------------------------------------------------------- configs
 
-#: A candidate block shape: (BLOCK_M, BLOCK_N, num_warps, num_stages).
-Shape = Tuple[int, int, int, int]
-
-#: Autotune candidates per (kernel, kind, head-dim bucket 64 or 128), the one the autotuner is expected to
-#: favour first. Kinds: "half" (fp16/bf16 on sm_80+: tensor cores), "fp32" (IEEE dots on the FMA units, with
-#: every operand in registers, where fp16-sized tiles spill kilobytes per thread) and "sm75" (any dtype before
-#: sm_80, where Triton emits no tensor-core instruction either). Every "half" and "fp32" candidate compiles for
-#: sm_80 and sm_90 without spilling, causal or not; "sm75" ones fit a T4's 64 KiB of shared memory and do not
-#: spill on sm_75 except in the float16 backward at E = 128, which spills whatever the tile (from 256 bytes
-#: per thread; benchmarks/results/triton_resources.md). For dK/dV, BLOCK_N is the
-#: tall key tile and BLOCK_M the short query tile.
-CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
-    ("fwd", "half", 64): [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3),
-                          (64, 32, 4, 3)],
-    ("fwd", "half", 128): [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
-    ("dq", "half", 64): [(128, 32, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
-    ("dq", "half", 128): [(128, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
-    ("dkdv", "half", 64): [(32, 128, 8, 3), (16, 128, 4, 3), (64, 64, 4, 2), (32, 64, 4, 3), (16, 64, 4, 3)],
-    ("dkdv", "half", 128): [(16, 128, 8, 3), (64, 64, 8, 2), (16, 64, 4, 3)],
-    ("fwd", "fp32", 64): [(32, 32, 4, 2), (32, 32, 8, 2), (16, 64, 4, 2)],
-    ("fwd", "fp32", 128): [(16, 64, 8, 2), (32, 32, 8, 1), (16, 32, 8, 2)],
-    ("dq", "fp32", 64): [(32, 32, 8, 2), (16, 32, 4, 2)],
-    ("dq", "fp32", 128): [(32, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2)],
-    ("dkdv", "fp32", 64): [(16, 64, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2)],
-    ("dkdv", "fp32", 128): [(16, 32, 8, 2), (16, 32, 4, 2)],
-    ("fwd", "sm75", 64): [(16, 32, 8, 2), (32, 32, 8, 2), (16, 16, 4, 2)],
-    ("fwd", "sm75", 128): [(16, 32, 8, 2), (32, 32, 8, 2), (16, 16, 4, 2)],
-    ("dq", "sm75", 64): [(32, 32, 8, 2), (16, 64, 8, 2), (16, 32, 4, 2)],
-    ("dq", "sm75", 128): [(16, 16, 4, 2), (16, 32, 4, 2)],
-    ("dkdv", "sm75", 64): [(16, 32, 8, 2), (16, 16, 4, 2)],
-    ("dkdv", "sm75", 128): [(16, 32, 8, 2), (32, 16, 4, 2)],
-}
-
-#: A new best config is searched for each distinct value of these arguments (and of the tensors' dtypes).
-#: ``L_BUCKET``/``S_BUCKET`` are L and S rounded up to a power of two, so a new length does not re-tune.
-_TUNE_KEY = ["L_BUCKET", "S_BUCKET", "E", "Ev", "MODE", "PRECISION"]
-
-#: Rows per program of the backward preprocess (not autotuned: it is a memory-bound row sum).
-PREPROCESS_BLOCK = 64
-
-
-def _kind(dtype: object, arch: Optional[int] = None) -> str:
-    """"sm75" before sm_80 (``arch`` 75), else "fp32" for float32 inputs, "half" for float16 and bfloat16."""
-    if arch is not None and arch < 80:
-        return "sm75"
-    return "fp32" if str(dtype).replace("torch.", "") in ("float32", "fp32") else "half"
-
-
-def _bucket(E: int) -> int:
-    return 64 if E <= 64 else 128
-
-
-def _shape(config: triton.Config) -> Shape:
-    return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
-
-
-def _config(shape: Shape) -> triton.Config:
-    bm, bn, warps, stages = shape
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
-
-
-def autotune_configs(kernel: str, dtype: object, E: int, arch: Optional[int] = None) -> List[triton.Config]:
-    """The autotune candidates of ``kernel`` ("fwd", "dq", "dkdv") for ``dtype`` inputs, head dim ``E``, and
-    compute capability ``arch`` (e.g. 90; ``None``: sm_80 or newer)."""
-    return [_config(shape) for shape in CANDIDATES[(kernel, _kind(dtype, arch), _bucket(E))]]
-
-
-def favoured_config(kernel: str, dtype: object, E: int, arch: Optional[int] = None) -> Optional[Shape]:
-    """The candidate the autotuner is expected to pick (the first listed); ``None`` for the preprocess.
-
-    Expected, not measured (no GPU has timed them): the Triton tutorial's tile shapes where they fit, else
-    the largest tile that compiles without spilling. It is the config the resource guard
-    (tests/test_triton_resources.py) holds to 0 spills and tensor-core instructions on sm_80 and sm_90.
-    """
-    if kernel == "preprocess":
-        return None
-    return CANDIDATES[(kernel, _kind(dtype, arch), _bucket(E))][0]
-
-
-def _capability(t: torch.Tensor) -> Optional[int]:
-    if t.device.type != "cuda":
-        return None
-    major, minor = torch.cuda.get_device_capability(t.device)
-    return 10 * major + minor
-
-
-def _prune(kernel: str):
-    """``early_config_prune``: keep the candidates of this call's GPU, dtype and head-dim bucket."""
-
-    def prune(configs: List[triton.Config], named_args: dict, **kwargs: object) -> List[triton.Config]:
-        q = named_args["Q"]
-        key = (kernel, _kind(q.dtype, _capability(q)), _bucket(max(int(kwargs["E"]), int(kwargs["Ev"]))))
-        wanted = set(CANDIDATES[key])
-        return [c for c in configs if _shape(c) in wanted]
-
-    return prune
-
-
-def _interpreter_shape() -> Shape:
-    """The interpreter's one block shape: ``AC_TRITON_INTERPRET_BLOCKS=MxN`` or 32 x 32."""
-    text = os.environ.get("AC_TRITON_INTERPRET_BLOCKS", "32x32")
-    try:
-        bm, bn = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"AC_TRITON_INTERPRET_BLOCKS must look like 128x64, got {text!r}") from None
-    _check_block(bm, "BLOCK_M (AC_TRITON_INTERPRET_BLOCKS)")
-    _check_block(bn, "BLOCK_N (AC_TRITON_INTERPRET_BLOCKS)")
-    return bm, bn, 4, 1
-
-
-def _check_block(n: object, name: str) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n > 256 or n & (n - 1):
-        raise ValueError(f"{name} must be a power of two in 16..256, got {n!r}")
-
-
 _EVEN = {"EVEN_M": lambda a: a["L"] % a["BLOCK_M"] == 0, "EVEN_N": lambda a: a["S"] % a["BLOCK_N"] == 0}
 
 
 def _tuned(kernel: str, fn):
     """``fn`` with the ``EVEN_*`` heuristics and an autotuner over every candidate of ``kernel``."""
     if INTERPRET:  # no driver to time candidates with: one fixed shape (see interpreter_blocks)
-        configs, prune = [_config(_interpreter_shape())], None
+        configs, prune = [make_config(interpreter_shape())], None
     else:
         shapes = dict.fromkeys(s for (k, _, _), lst in CANDIDATES.items() if k == kernel for s in lst)
-        configs, prune = [_config(s) for s in shapes], {"early_config_prune": _prune(kernel)}
-    return triton.autotune(configs=configs, key=_TUNE_KEY, prune_configs_by=prune)(triton.heuristics(_EVEN)(fn))
+        configs, prune = [make_config(s) for s in shapes], {"early_config_prune": prune_for(kernel)}
+    return triton.autotune(configs=configs, key=TUNE_KEY, prune_configs_by=prune)(triton.heuristics(_EVEN)(fn))
 
 
 _attn_fwd_tuned = _tuned("fwd", _attn_fwd)
@@ -676,11 +575,11 @@ def interpreter_blocks(block_m: int, block_n: int) -> Iterator[None]:
         >>> with interpreter_blocks(128, 64):
         ...     out = flash_attention(q, k, v, is_causal=True)  # doctest: +SKIP
     """
-    _check_block(block_m, "block_m")
-    _check_block(block_n, "block_n")
+    check_block(block_m, "block_m")
+    check_block(block_n, "block_n")
     saved = [t.configs for t in _TUNED]
     for t in _TUNED:
-        t.configs = [_config((block_m, block_n, 4, 1 if INTERPRET else 2))]
+        t.configs = [make_config((block_m, block_n, 4, 1 if INTERPRET else 2))]
     try:
         yield
     finally:
@@ -703,7 +602,7 @@ def _block_dim(n: int) -> int:
 
 def _precision(dtype: object) -> str:
     """fp32 dots in IEEE fp32 (a GPU would otherwise use TF32, about 3 significant digits)."""
-    return "ieee" if _kind(dtype) == "fp32" else "tf32"
+    return "ieee" if kind(dtype) == "fp32" else "tf32"
 
 
 def _on_device(t: torch.Tensor):
