@@ -36,10 +36,21 @@ CASES = {
     "L64_fp16_causal": (1, 2, 2, 64, 64, 64, 64, True, None, "float16", None),
     "L33_fp16_gqa_window10": (1, 4, 1, 33, 33, 32, 32, True, 10, "float16", None),
 }
+#: Parity at the tile shapes the GPU configs use (BLOCK_M x BLOCK_N, pinned with interpreter_blocks; for dK/dV
+#: BLOCK_N is the key tile): L and S not multiples of the blocks, L != S, GQA, each mask mode.
+#: name: ((BLOCK_M, BLOCK_N), case as in CASES)
+TILE_CASES = {
+    "tiles_128x64_causal_gqa": ((128, 64), (1, 4, 2, 200, 150, 64, 64, True, None, "float32", None)),
+    "tiles_128x64_full_fp16": ((128, 64), (1, 2, 2, 130, 257, 64, 64, False, None, "float16", None)),
+    "tiles_64x64_window": ((64, 64), (1, 2, 1, 150, 150, 32, 32, True, 40, "float32", None)),
+    "tiles_64x64_full_even": ((64, 64), (1, 2, 2, 128, 192, 128, 128, False, None, "float32", None)),
+    "tiles_16x128_causal_Lgt_S": ((16, 128), (1, 2, 2, 160, 100, 64, 64, True, None, "float32", None)),
+    "tiles_16x128_two_sided_window": ((16, 128), (1, 2, 2, 90, 140, 32, 32, False, 50, "float32", None)),
+}
 #: Checks that are not a parity case.
 EXTRA = ["import_is_lazy", "no_keys", "non_contiguous_inputs", "lse_matches_logsumexp", "registry_dispatch",
-         "refuses_bf16_and_masks", "nonfinite_policy"]
-NAMES = list(CASES) + EXTRA
+         "refuses_bf16_and_masks", "nonfinite_policy", "gqa_split", "int64_row_offsets", "tile_ranges_brute_force"]
+NAMES = list(CASES) + list(TILE_CASES) + EXTRA
 
 TOL = {"float32": (2e-5, 2e-5), "float16": (4e-3, 1e-2)}  # (forward, backward)
 
@@ -69,11 +80,22 @@ def _oracle(q, k, v, is_causal, window, scale, grad_out):
 
 
 def run_case(name: str, seed: int) -> dict:
+    from attention_core.backends import triton_flash
+
+    if name in TILE_CASES:
+        blocks, case = TILE_CASES[name]
+        with triton_flash.interpreter_blocks(*blocks):
+            return _parity(case, seed)
+    return _parity(CASES[name], seed)
+
+
+def _parity(case: tuple, seed: int) -> dict:
+    """Forward and backward of one case against the float64 oracle."""
     import torch
 
     from attention_core.backends import triton_flash
 
-    B, Hq, H, L, S, E, Ev, is_causal, window, dtype_name, scale = CASES[name]
+    B, Hq, H, L, S, E, Ev, is_causal, window, dtype_name, scale = case
     dtype = getattr(torch, dtype_name)
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(shape, generator=g).to(dtype).requires_grad_()
@@ -174,7 +196,153 @@ def run_extra(name: str, seed: int) -> dict:
         except ValueError as err:
             msg2 = str(err)
         return {"ok": "bfloat16" in msg and "head dim" in msg2, "detail": f"{msg} | {msg2}"}
+    if name == "gqa_split":  # the dK/dV sum over a GQA group split across programs gives the same gradients
+        q = torch.randn(1, 4, 40, 16, generator=g, requires_grad=True)
+        k, v = (torch.randn(1, 1, 50, 16, generator=g, requires_grad=True) for _ in range(2))
+        grads = {}
+        try:
+            for split in (1, 2, 4):
+                triton_flash.GQA_SPLIT = split
+                out = triton_flash.flash_attention(q, k, v, is_causal=True)
+                grads[split] = torch.autograd.grad(out, (k, v), torch.ones_like(out))
+        finally:
+            triton_flash.GQA_SPLIT = None
+        ref, _, dk, dv, _ = _oracle(q, k, v, True, None, 16 ** -0.5, torch.ones(1, 4, 40, 16))
+        errs = [max(_max_err(gk, dk), _max_err(gv, dv)) for gk, gv in grads.values()]
+        try:
+            triton_flash.GQA_SPLIT = 3  # not a divisor of the group of 4
+            triton_flash.flash_attention(q, k, v).sum().backward()
+            refused = "no error"
+        except ValueError as err:
+            refused = str(err)
+        finally:
+            triton_flash.GQA_SPLIT = None
+        ok = max(errs) <= 2e-5 and "divisor" in refused
+        return {"ok": ok, "detail": f"seed={seed} errors for split 1, 2, 4: {errs}; split=3: {refused}"}
+    if name == "int64_row_offsets":  # row * stride past 2^31 elements: 32-bit offsets would wrap
+        L, stride = 1100, 2**21  # row 1099 starts 1099 * 2^21 = 2.3e9 elements in
+        try:
+            storage = torch.empty(L * stride, dtype=torch.float16)  # 4.6 GB of address space, mostly untouched
+        except RuntimeError as err:
+            return {"ok": None, "detail": f"cannot reserve {L * stride * 2 / 2**30:.1f} GiB here: {err}"}
+        q = storage.as_strided((1, 1, L, 16), (L * stride, L * stride, stride, 1))  # (B, H, L, E), sparse rows
+        q.copy_(torch.randn(1, 1, L, 16, generator=g).half())
+        q.requires_grad_()
+        k, v = (torch.randn(1, 1, 24, 16, generator=g).half().requires_grad_() for _ in range(2))
+        with triton_flash.interpreter_blocks(128, 16):
+            out = triton_flash.flash_attention(q, k, v)
+            grad_out = torch.randn(out.shape, generator=g).half()
+            out.backward(grad_out)
+        ref, dq, dk, dv, _ = _oracle(q, k, v, False, None, 0.25, grad_out)
+        errs = [_max_err(out, ref), _max_err(q.grad, dq), _max_err(k.grad, dk), _max_err(v.grad, dv)]
+        del storage
+        return {"ok": max(errs) <= 1e-2, "detail": f"seed={seed} out, dq, dk, dv errors: {errs}"}
+    if name == "tile_ranges_brute_force":
+        return tile_ranges_brute_force()
     raise KeyError(name)
+
+
+def tile_ranges_brute_force() -> dict:
+    """Every block size 16..128, every mode, L != S, both roles: the tiles visited against the visible pairs.
+
+    ``_col_ranges`` (the kernels' own jit function, run here by the interpreter on vectors of row blocks)
+    gives three runs of column tiles; this walks them as the kernels' loops do and checks, for every row
+    block: each visible (row, column) pair lies in exactly one visited tile, no column is visited twice, an
+    unmasked tile is visible to every real row in every real column (forward/dQ: and lies inside the keys),
+    no visited tile is hidden from every row, and the runs the kernels skip at compile time are empty.
+    """
+    import numpy as np
+    import torch
+    import triton
+    import triton.language as tl
+
+    from attention_core.backends import triton_flash as tf
+
+    globals()["_col_ranges"] = tf._col_ranges  # @triton.jit resolves names in this module's globals
+
+    @triton.jit
+    def probe(R0, NCOLS, LEFT, RIGHT, OUT, N, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MODE: tl.constexpr,
+              ROWS_ARE_QUERIES: tl.constexpr, NB: tl.constexpr):
+        i = tl.arange(0, NB)
+        ok = i < N
+        r0 = tl.load(R0 + i, mask=ok, other=0)
+        lo, a, b, hi = _col_ranges(r0, BLOCK_R, BLOCK_C, tl.load(NCOLS + i, mask=ok, other=1),  # noqa: F821
+                                   tl.load(LEFT + i, mask=ok, other=0), tl.load(RIGHT + i, mask=ok, other=0),
+                                   MODE, ROWS_ARE_QUERIES)
+        zero = r0 * 0  # a closed form may return a plain 0: broadcast it
+        tl.store(OUT + i * 4, lo + zero, mask=ok)
+        tl.store(OUT + i * 4 + 1, a + zero, mask=ok)
+        tl.store(OUT + i * 4 + 2, b + zero, mask=ok)
+        tl.store(OUT + i * 4 + 3, hi + zero, mask=ok)
+
+    lengths = [(1, 1), (17, 17), (1, 40), (40, 1), (100, 64), (64, 100), (130, 257), (257, 130), (256, 256)]
+    problems, checked = [], 0
+    for blk_r in (16, 32, 64, 128):
+        for blk_c in (16, 32, 64, 128):
+            for rows_are_queries in (True, False):
+                combos = {tf.FULL: [], tf.CAUSAL: [], tf.WINDOW: []}
+                for L, S in lengths:
+                    settings = [tf.window_bounds(L, S, causal, w) for causal in (False, True)
+                                for w in (None, 1, 2, 5, 16, 33, 100, 300)]
+                    for left, right in set(settings):
+                        n_rows, n_cols = (L, S) if rows_are_queries else (S, L)
+                        for r0 in range(0, n_rows, blk_r):
+                            combos[tf.mask_mode(L, S, left, right)].append((r0, n_rows, n_cols, left, right))
+                for mode, rows in combos.items():
+                    if not rows:
+                        continue
+                    arr = torch.tensor(rows, dtype=torch.int32)  # (N, 5): r0, n_rows, n_cols, left, right
+                    n = len(rows)
+                    out = torch.zeros(n, 4, dtype=torch.int32)
+                    probe[(1,)](arr[:, 0].contiguous(), arr[:, 2].contiguous(), arr[:, 3].contiguous(),
+                                arr[:, 4].contiguous(), out, n, BLOCK_R=blk_r, BLOCK_C=blk_c, MODE=mode,
+                                ROWS_ARE_QUERIES=rows_are_queries, NB=triton.next_power_of_2(n))
+                    for (r0, n_rows, n_cols, left, right), (lo, a, b, hi) in zip(rows, out.tolist()):
+                        checked += 1
+                        err = _check_ranges(np, r0, blk_r, blk_c, n_rows, n_cols, left, right, mode,
+                                            rows_are_queries, lo, a, b, hi)
+                        if err:
+                            problems.append(f"rows {r0}+{blk_r} cols/{blk_c} n_rows={n_rows} n_cols={n_cols} "
+                                            f"left={left} right={right} mode={mode} queries={rows_are_queries} "
+                                            f"-> {(lo, a, b, hi)}: {err}")
+    detail = f"{checked} row blocks checked, {len(problems)} wrong" + (f"; first: {problems[0]}" if problems else "")
+    return {"ok": not problems and checked > 1000, "detail": detail}
+
+
+def _check_ranges(np, r0, blk_r, blk_c, n_rows, n_cols, left, right, mode, rows_are_queries, lo, a, b, hi):
+    """The first broken promise of one row block's tile runs, or ''."""
+    rows = np.arange(r0, r0 + blk_r)[:, None]  # every row of the block, real or past the end
+    cols = np.arange(0, max(hi, n_cols) + 2 * blk_c)[None, :]
+    i, j = (rows, cols) if rows_are_queries else (cols, rows)  # query i, key j
+    vis = (j >= i - left) & (j <= i + right) & (cols < n_cols)  # (blk_r, n)
+    real = rows[:, 0] < n_rows
+    runs = [(lo, a, True), (a, b, False), (b, hi, True)]
+    if rows_are_queries:
+        skipped = ([0] if mode != 2 else []) + ([2] if mode == 0 and n_cols % blk_c == 0 else [])
+    else:
+        skipped = ([0] if mode == 0 else []) + ([2] if mode != 2 else [])
+    for k in skipped:
+        if runs[k][0] < runs[k][1]:
+            return f"run {k} is not empty but its loop is not compiled"
+    count = np.zeros(cols.shape[1], dtype=int)
+    for start, end, masked in runs:
+        for t in range(start, end, blk_c):
+            tile = slice(t, t + blk_c)
+            count[tile] += 1
+            if not vis[:, tile].any():
+                return f"tile {t} is visited but hidden from every row"
+            if not masked:
+                inside = cols[0, tile] < n_cols
+                if rows_are_queries and not inside.all():
+                    return f"unmasked tile {t} reaches past the {n_cols} keys"
+                if not vis[real][:, tile][:, inside].all():
+                    return f"unmasked tile {t} has a hidden pair"
+    if (count > 1).any():
+        return f"column {int(np.argmax(count > 1))} visited twice"
+    seen = vis[real].any(0)
+    if (seen & (count == 0)).any():
+        return f"visible column {int(np.argmax(seen & (count == 0)))} never visited"
+    return ""
 
 
 def import_is_lazy() -> dict:
@@ -203,7 +371,7 @@ def main() -> None:
             results[name] = first
             continue
         try:
-            fn = run_case if name in CASES else run_extra
+            fn = run_case if name in CASES or name in TILE_CASES else run_extra
             results[name] = fn(name, base + i)
         except Exception:  # report, keep going: one broken case must not hide the others
             results[name] = {"ok": False, "detail": traceback.format_exc(limit=4)}

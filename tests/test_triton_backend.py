@@ -33,26 +33,148 @@ def _child_env(**extra: str) -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
-def interpreter_results() -> dict:
-    """Run every interpreter case once, in a child process with TRITON_INTERPRET=1; name -> result."""
+#: Run in a child of its own: a 32-bit offset that wraps reads far outside the tensor and can kill the process.
+ALONE = ["int64_row_offsets"]
+
+
+def _run_cases(names: list) -> dict:
+    """Run interpreter cases in a child process with TRITON_INTERPRET=1; name -> result."""
     if not HAS_TRITON:
         pytest.skip("triton is not installed")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "_triton_interp_cases.py")],
+        [sys.executable, str(ROOT / "tests" / "_triton_interp_cases.py"), *names],
         env=_child_env(TRITON_INTERPRET="1", OMP_NUM_THREADS="1"),
         capture_output=True, text=True, timeout=600,
     )
-    assert proc.returncode == 0, f"interpreter child failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (f"interpreter child for {names[:3]}... exited with {proc.returncode}:\n"
+                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", cases.NAMES)
-def test_interpreter(interpreter_results: dict, name: str) -> None:
-    result = interpreter_results[name]
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict:
+    """Every interpreter case but those in ALONE, run once."""
+    return _run_cases([n for n in cases.NAMES if n not in ALONE])
+
+
+def _check(result: dict, name: str) -> None:
     if result["ok"] is None:
         pytest.skip(result["detail"])
     assert result["ok"], f"{name}: {result['detail']}"
+
+
+@pytest.mark.parametrize("name", [n for n in cases.NAMES if n not in ALONE])
+def test_interpreter(interpreter_results: dict, name: str) -> None:
+    _check(interpreter_results[name], name)
+
+
+@pytest.mark.parametrize("name", ALONE)
+def test_interpreter_alone(name: str) -> None:
+    _check(_run_cases([name])[name], name)
+
+
+# ----------------------------------------------------------------------- honest per architecture (no GPU needed)
+
+
+def test_grid_limit_is_a_clear_error() -> None:
+    """B * Hq programs on grid axis 1: past CUDA's 65,535 a ValueError says so, before anything launches."""
+    from attention_core.backends.fused_checks import triton_grid_reason
+
+    assert triton_grid_reason(4095, 16, 16) is None  # 65,520 programs fit
+    assert triton_grid_reason(65535, 1, 1) is None
+    reason = triton_grid_reason(4096, 16, 4)  # 65,536 do not
+    assert reason is not None and "65535" in reason and "4096 * 16" in reason
+    big = _inputs(query=torch.randn(65536, 1, 1, 16), key=torch.randn(65536, 1, 1, 16),
+                  value=torch.randn(65536, 1, 1, 16))
+    assert "65535" in triton_supports(big)
+    if HAS_TRITON:
+        from attention_core.backends import triton_flash
+
+        with pytest.raises(ValueError, match="65535"):
+            triton_flash.flash_attention(big.query, big.key, big.value)
+
+
+def test_sm75_warns_once_that_tensor_cores_are_unused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    from attention_core.backends import fused_checks
+
+    monkeypatch.setattr(fused_checks, "_WARNED_NO_TENSOR_CORES", False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    cuda = torch.device("cuda", 0)
+    assert not fused_checks.triton_uses_tensor_cores(cuda)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fused_checks.triton_tensor_core_warning(cuda)
+        fused_checks.triton_tensor_core_warning(cuda)
+    assert len(seen) == 1 and "sm_75" in str(seen[0].message) and "tensor cores" in str(seen[0].message)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(fused_checks, "_WARNED_NO_TENSOR_CORES", False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fused_checks.triton_tensor_core_warning(cuda)
+    assert seen == []
+
+
+class _OnCuda:
+    """Stands in for a CUDA tensor where only ``.device`` is read (no GPU here)."""
+
+    device = torch.device("cuda", 0)
+    shape = (1, 2, 8, 16)
+    requires_grad = False
+
+
+def test_choose_backend_never_picks_triton_on_sm75(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even first in AUTO_ORDER and able to run, triton is chosen on sm_90 and skipped on sm_75."""
+    import dataclasses
+
+    import attention_core.backends as backends
+
+    fake = dataclasses.replace(backends.get_backend("triton"), is_available=lambda: (True, ""),
+                               supports=lambda inputs: None)
+    monkeypatch.setitem(backends._REGISTRY, "triton", fake)
+    monkeypatch.setattr(backends, "AUTO_ORDER", ("triton", "torch", "reference"))
+    inputs = _inputs(query=_OnCuda(), key=_OnCuda(), value=_OnCuda())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert backends.choose_backend(inputs).name == "triton"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert backends.choose_backend(inputs).name == "torch"
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_autotune_key_is_bucketed() -> None:
+    """A new length re-tunes only when it crosses a power of two: the key holds buckets, not L and S."""
+    from attention_core.backends import triton_flash
+
+    for tuned in triton_flash._TUNED:
+        assert "L" not in tuned.keys and "S" not in tuned.keys and "L_BUCKET" in tuned.keys
+    assert triton_flash._buckets(1000, 1025) == (1024, 2048)
+    assert triton_flash._buckets(513, 1) == (1024, 1)
+
+
+@pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs triton, compiled kernels (the interpreter has one fixed config)")
+def test_candidates_are_pruned_by_dtype_and_head_dim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 gets its own small tiles, a pre-sm_80 GPU its own too; each call times only its own candidates."""
+    from attention_core.backends import triton_flash
+
+    class _Q:  # the only things the pruning reads of the query tensor
+        dtype, device = torch.float32, torch.device("cpu")
+
+    def kept(tuned, **kw: int) -> list:
+        return sorted(map(triton_flash.shape_of, tuned.early_config_prune(tuned.configs, {"Q": _Q()}, **kw)))
+
+    for kernel, tuned in zip(("fwd", "dq", "dkdv"), triton_flash._TUNED):
+        _Q.dtype, _Q.device = torch.float32, torch.device("cpu")
+        assert kept(tuned, E=64, Ev=64) == sorted(triton_flash.CANDIDATES[(kernel, "fp32", 64)])
+        _Q.dtype = torch.float16
+        assert kept(tuned, E=100, Ev=128) == sorted(triton_flash.CANDIDATES[(kernel, "half", 128)])
+        _Q.device = torch.device("cuda", 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+        assert kept(tuned, E=64, Ev=64) == sorted(triton_flash.CANDIDATES[(kernel, "sm75", 64)])
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        assert kept(tuned, E=64, Ev=64) == sorted(triton_flash.CANDIDATES[(kernel, "half", 64)])
+    assert max(bm * bn for bm, bn, _, _ in triton_flash.CANDIDATES[("fwd", "fp32", 128)]) < 128 * 64
 
 
 def _inputs(device: str = "cpu", dtype: torch.dtype = torch.float32, **kw: object) -> AttentionInputs:

@@ -21,7 +21,8 @@ reference   eager torch math, any device                 yes      yes     yes   
 numpy       float64 NumPy oracle (copies to the CPU)     no       no      no      any device (computes on CPU)
 torch       ``torch.nn.functional.scaled_dot_product_…`` yes      yes     no      any device
 chunked     online softmax over tiles, custom backward   yes      no      no      any device
-triton      FlashAttention-2 forward + backward kernels  yes      no      no      CUDA sm_75+ (bf16: sm_80+);
+triton      FlashAttention-2 forward + backward kernels  yes      no      no      CUDA sm_75+ (bf16: sm_80+;
+                                                                                  tensor cores: sm_80+);
                                                                                   CPU under ``TRITON_INTERPRET=1``
 cuda        hand-written CUDA C++ forward (two levels)   yes (a)  no      no      CUDA sm_75+ with nvcc + ninja
 =========== ============================================ ======== ======= ======= ==============================
@@ -98,6 +99,8 @@ class Backend:
         function: name of the implementation function inside ``module``.
         runs_on: ``(device_type) -> bool``: does it take tensors on this kind of device ("cpu", "cuda")?
             Every device by default.
+        auto_ok: ``(AttentionInputs) -> bool``: may :func:`choose_backend` pick it for these inputs (a backend
+            can run somewhere without being a good choice there, e.g. ``triton`` before sm_80)? Yes by default.
     """
 
     name: str
@@ -107,6 +110,7 @@ class Backend:
     supports: Callable[[AttentionInputs], str | None]
     function: str = "attention"
     runs_on: Callable[[str], bool] = lambda device_type: True
+    auto_ok: Callable[[AttentionInputs], bool] = lambda inputs: True
 
     def load(self) -> Callable[..., torch.Tensor]:
         """Import the implementation (once; Python caches modules) and return its function."""
@@ -193,13 +197,16 @@ def choose_backend(inputs: AttentionInputs) -> Backend:
                               measured faster than ``chunked`` on CPU (benchmarks/)
     CUDA     ``torch``        its flash / cuDNN / memory-efficient kernels. ``triton`` and
                               ``cuda`` run only when asked for by name: they have not yet
-                              been timed against it on a GPU (benchmarks/NOTES.md)
+                              been timed against it on a GPU (benchmarks/NOTES.md). Even
+                              if listed, ``triton`` is never chosen before sm_80 (a T4):
+                              Triton uses no tensor cores there (its ``auto_ok``)
     other    ``torch``        ``reference`` if some future entry ahead of it declines
     ======== ================ =============================================================
     """
     for name in AUTO_ORDER:
         backend = _REGISTRY.get(name)
-        if backend is not None and backend.is_available()[0] and backend.supports(inputs) is None:
+        if (backend is not None and backend.is_available()[0] and backend.supports(inputs) is None
+                and backend.auto_ok(inputs)):
             return backend
     raise RuntimeError(f"no backend in {AUTO_ORDER} can run these inputs")  # unreachable: reference runs all
 
@@ -290,7 +297,7 @@ from attention_core.backends import fused_checks  # noqa: E402
 register_backend(Backend(
     "triton", "FlashAttention-2 forward and backward in Triton (CUDA; the CPU under TRITON_INTERPRET=1)",
     "attention_core.backends.triton_flash", fused_checks.triton_available, fused_checks.triton_supports,
-    runs_on=fused_checks.triton_runs_on,
+    runs_on=fused_checks.triton_runs_on, auto_ok=fused_checks.triton_worth_choosing,
 ))
 register_backend(Backend(
     "cuda", "hand-written CUDA C++ flash forward, fp32 rows or tensor cores (WMMA), via load_inline",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from typing import TYPE_CHECKING, Optional, Tuple
 
 import torch
@@ -25,9 +26,13 @@ __all__ = [
     "cuda_available",
     "cuda_supports",
     "triton_available",
+    "triton_grid_reason",
     "triton_interpreting",
     "triton_runs_on",
     "triton_supports",
+    "triton_tensor_core_warning",
+    "triton_uses_tensor_cores",
+    "triton_worth_choosing",
 ]
 
 #: The largest head dim (E and Ev) the fused kernels take; smaller ones are zero-padded to a power of two.
@@ -81,9 +86,66 @@ def triton_runs_on(device_type: str) -> bool:
     return device_type == ("cpu" if triton_interpreting() else "cuda")
 
 
+#: CUDA's limit on grid axes 1 and 2; the Triton kernels put batch x heads on axis 1.
+GRID_YZ_LIMIT = 65535
+
+
+def triton_grid_reason(B: int, Hq: int, H: int) -> Optional[str]:
+    """Why the Triton grids cannot hold ``B`` sequences of ``Hq`` query (``H`` key/value) heads, or ``None``.
+
+    The forward and dQ kernels run ``B * Hq`` programs along grid axis 1, dK/dV ``B * H``; CUDA allows at
+    most 65,535 there (axis 0, the tiles along the sequence, goes to 2^31 - 1).
+    """
+    if B * max(Hq, H) > GRID_YZ_LIMIT:
+        most = max(1, GRID_YZ_LIMIT // max(Hq, H, 1))
+        return (f"batch x query heads B * Hq = {B} * {Hq} = {B * max(Hq, H)} exceeds CUDA's grid limit of "
+                f"{GRID_YZ_LIMIT} programs on axis 1; split the batch into calls of at most {most} sequences")
+    return None
+
+
+def triton_uses_tensor_cores(device: torch.device) -> bool:
+    """True unless ``device`` is a GPU older than sm_80, where Triton lowers ``tl.dot`` to FMA instructions.
+
+    Measured by compiling the kernels for sm_75 (benchmarks/results/triton_resources.md): 0 HMMA, against
+    HMMA on sm_80 and HGMMA on sm_90. The CPU (interpreter) counts as True: there is nothing to warn about.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+_WARNED_NO_TENSOR_CORES = False
+
+
+def triton_tensor_core_warning(device: torch.device) -> None:
+    """Warn once per process that the Triton kernels use no tensor cores on this (pre-sm_80) GPU."""
+    global _WARNED_NO_TENSOR_CORES
+    if _WARNED_NO_TENSOR_CORES or triton_uses_tensor_cores(device):
+        return
+    _WARNED_NO_TENSOR_CORES = True
+    major, minor = torch.cuda.get_device_capability(torch.device(device))
+    warnings.warn(
+        f"backend 'triton' on sm_{major}{minor}: Triton compiles its dots without tensor cores before sm_80, "
+        "so these kernels run on the ordinary FMA units, several times slower than torch's "
+        "scaled_dot_product_attention here (backend='torch')",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def triton_worth_choosing(inputs: AttentionInputs) -> bool:
+    """May the automatic choice pick ``triton`` for these inputs? Never where it has no tensor cores."""
+    return triton_uses_tensor_cores(inputs.query.device)
+
+
 def triton_supports(inputs: AttentionInputs) -> Optional[str]:
     """``None`` if the Triton kernel can compute these inputs, else why not."""
     reason = _common_reasons(inputs)
+    if reason is not None:
+        return reason
+    B, Hq = inputs.query.shape[0], inputs.query.shape[1]
+    reason = triton_grid_reason(B, Hq, inputs.key.shape[1])
     if reason is not None:
         return reason
     device, dtype = inputs.query.device, inputs.query.dtype

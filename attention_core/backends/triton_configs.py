@@ -1,0 +1,137 @@
+"""Which tile shapes the Triton attention kernels try: autotune candidates per kernel, dtype, head dim and GPU.
+
+A *config* is ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``. Which ones are worth timing was decided on a CPU,
+by compiling every candidate for sm_75, sm_80 and sm_90 and reading registers, spills and tensor-core
+instructions (:mod:`attention_core.backends.triton_inspect`, ``benchmarks/triton_resources.py``): a
+candidate that spills registers to local memory is not worth an autotuner's time. The kernels themselves are
+in :mod:`attention_core.backends.triton_flash`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import triton
+
+__all__ = ["CANDIDATES", "PREPROCESS_BLOCK", "TUNE_KEY", "autotune_configs", "check_block", "favoured_config",
+           "interpreter_shape", "kind", "make_config", "prune_for", "shape_of"]
+
+#: A candidate block shape: (BLOCK_M, BLOCK_N, num_warps, num_stages).
+Shape = Tuple[int, int, int, int]
+
+#: Autotune candidates per (kernel, kind, head-dim bucket 64 or 128), the one the autotuner is expected to
+#: favour first. Kinds: "half" (fp16/bf16 on sm_80+: tensor cores), "fp32" (IEEE dots on the FMA units, with
+#: every operand in registers, where fp16-sized tiles spill kilobytes per thread) and "sm75" (any dtype before
+#: sm_80, where Triton emits no tensor-core instruction either). Every "half" and "fp32" candidate compiles for
+#: sm_80 and sm_90 without spilling, causal or not; "sm75" ones fit a T4's 64 KiB of shared memory and do not
+#: spill on sm_75 except in the float16 backward at E = 128, which spills whatever the tile (356-1792 bytes
+#: stored per thread; benchmarks/results/triton_resources.md). For dK/dV, BLOCK_N is the tall key tile and
+#: BLOCK_M the short query tile.
+CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
+    ("fwd", "half", 64): [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3),
+                          (64, 32, 4, 3)],
+    ("fwd", "half", 128): [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
+    ("dq", "half", 64): [(128, 32, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
+    ("dq", "half", 128): [(128, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
+    ("dkdv", "half", 64): [(32, 128, 8, 3), (16, 128, 4, 3), (64, 64, 4, 2), (32, 64, 4, 3), (16, 64, 4, 3)],
+    ("dkdv", "half", 128): [(16, 128, 8, 3), (64, 64, 8, 2), (16, 64, 4, 3)],
+    ("fwd", "fp32", 64): [(32, 32, 4, 2), (32, 32, 8, 2), (16, 64, 4, 2)],
+    ("fwd", "fp32", 128): [(16, 64, 8, 2), (32, 32, 8, 1), (16, 32, 8, 2)],
+    ("dq", "fp32", 64): [(32, 32, 8, 2), (16, 32, 4, 2)],
+    ("dq", "fp32", 128): [(32, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2)],
+    ("dkdv", "fp32", 64): [(16, 64, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2)],
+    ("dkdv", "fp32", 128): [(16, 32, 8, 2), (16, 32, 4, 2)],
+    ("fwd", "sm75", 64): [(16, 32, 8, 2), (32, 32, 8, 2), (16, 16, 4, 2)],
+    ("fwd", "sm75", 128): [(16, 32, 8, 2), (32, 32, 8, 2), (16, 16, 4, 2)],
+    ("dq", "sm75", 64): [(32, 32, 8, 2), (16, 64, 8, 2), (16, 32, 4, 2)],
+    ("dq", "sm75", 128): [(16, 16, 4, 2), (16, 32, 4, 2)],
+    ("dkdv", "sm75", 64): [(16, 32, 8, 2), (16, 16, 4, 2)],
+    ("dkdv", "sm75", 128): [(16, 32, 8, 2), (32, 16, 4, 2)],
+}
+
+#: A new best config is searched for each distinct value of these arguments (and of the tensors' dtypes).
+#: ``L_BUCKET``/``S_BUCKET`` are L and S rounded up to a power of two, so a new length does not re-tune.
+TUNE_KEY = ["L_BUCKET", "S_BUCKET", "E", "Ev", "MODE", "PRECISION"]
+
+#: Rows per program of the backward preprocess (not autotuned: it is a memory-bound row sum).
+PREPROCESS_BLOCK = 64
+
+
+def kind(dtype: object, arch: Optional[int] = None) -> str:
+    """"sm75" before sm_80 (``arch`` 75), else "fp32" for float32 inputs, "half" for float16 and bfloat16."""
+    if arch is not None and arch < 80:
+        return "sm75"
+    return "fp32" if str(dtype).replace("torch.", "") in ("float32", "fp32") else "half"
+
+
+def bucket(E: int) -> int:
+    """The head-dim bucket of the candidate lists: 64 up to E = 64, else 128."""
+    return 64 if E <= 64 else 128
+
+
+def shape_of(config: triton.Config) -> Shape:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of a ``triton.Config``."""
+    return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
+
+
+def make_config(shape: Shape) -> triton.Config:
+    """A ``triton.Config`` from ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``."""
+    bm, bn, warps, stages = shape
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+
+
+def autotune_configs(kernel: str, dtype: object, E: int, arch: Optional[int] = None) -> List[triton.Config]:
+    """The autotune candidates of ``kernel`` ("fwd", "dq", "dkdv") for ``dtype`` inputs, head dim ``E``, and
+    compute capability ``arch`` (e.g. 90; ``None``: sm_80 or newer)."""
+    return [make_config(shape) for shape in CANDIDATES[(kernel, kind(dtype, arch), bucket(E))]]
+
+
+def favoured_config(kernel: str, dtype: object, E: int, arch: Optional[int] = None) -> Optional[Shape]:
+    """The candidate the autotuner is expected to pick (the first listed); ``None`` for the preprocess.
+
+    Expected, not measured (no GPU has timed them): the Triton tutorial's tile shapes where they fit, else
+    the largest tile that compiles without spilling. It is the config the resource guard
+    (tests/test_triton_resources.py) holds to 0 spills and tensor-core instructions on sm_80 and sm_90.
+    """
+    if kernel == "preprocess":
+        return None
+    return CANDIDATES[(kernel, kind(dtype, arch), bucket(E))][0]
+
+
+def _capability(t: torch.Tensor) -> Optional[int]:
+    if t.device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(t.device)
+    return 10 * major + minor
+
+
+def prune_for(kernel: str):
+    """``early_config_prune``: keep the candidates of this call's GPU, dtype and head-dim bucket."""
+
+    def prune(configs: List[triton.Config], named_args: dict, **kwargs: object) -> List[triton.Config]:
+        q = named_args["Q"]
+        key = (kernel, kind(q.dtype, _capability(q)), bucket(max(int(kwargs["E"]), int(kwargs["Ev"]))))
+        wanted = set(CANDIDATES[key])
+        return [c for c in configs if shape_of(c) in wanted]
+
+    return prune
+
+
+def interpreter_shape() -> Shape:
+    """The interpreter's one block shape: ``AC_TRITON_INTERPRET_BLOCKS=MxN`` or 32 x 32."""
+    text = os.environ.get("AC_TRITON_INTERPRET_BLOCKS", "32x32")
+    try:
+        bm, bn = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"AC_TRITON_INTERPRET_BLOCKS must look like 128x64, got {text!r}") from None
+    check_block(bm, "BLOCK_M (AC_TRITON_INTERPRET_BLOCKS)")
+    check_block(bn, "BLOCK_N (AC_TRITON_INTERPRET_BLOCKS)")
+    return bm, bn, 4, 1
+
+
+def check_block(n: object, name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``n`` is a power of two in 16..256."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n > 256 or n & (n - 1):
+        raise ValueError(f"{name} must be a power of two in 16..256, got {n!r}")
