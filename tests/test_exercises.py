@@ -188,3 +188,15 @@ def test_prove_checker_and_value_check() -> None:
     assert "accepts the worked answer" in exercises.prove_value_check(ex, 2.0, 3.0)
     with pytest.raises(AssertionError, match="wrong answer is accepted"):
         exercises.prove_value_check(ex, 2.0, 2.0)
+
+
+def test_prove_quiz_names_no_option() -> None:
+    q = quiz("As h grows?", ["nearest value", "mean of values", "zero"], answer_index=1, explanation="Equal scores.")
+    line = exercises.prove_quiz(q)
+    assert "one option of 3" in line and "mean" not in line and "1" not in line
+    q.evaluate = lambda i: CORRECT if i in (1, 2) else NOT_YET  # a broken quiz: two options accepted
+    with pytest.raises(AssertionError, match="more than one option"):
+        exercises.prove_quiz(q)
+    q.evaluate = lambda i: NOT_YET  # and one that rejects its own answer
+    with pytest.raises(AssertionError, match="answer is rejected"):
+        exercises.prove_quiz(q)

@@ -160,6 +160,20 @@ def test_proofs_are_hidden_and_answers_never_written_out(chapter) -> None:
         assert not re.search(r"answer_box_html\([^)]*,\s*[-0-9]", c.source), "an answer box with a plain number"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_no_output_carries_a_verdict_on_an_answer(path) -> None:
+    """A stored "Correct" (or "Not yet") next to an answer tells the answer: proofs print answer-free lines."""
+    from attention_core.booktools.exercises import CORRECT, NOT_YET
+
+    nb = nbformat.read(path, as_version=4)
+    for c in _code_cells(nb):
+        for out in c.outputs:
+            data = out.get("data", {})
+            text = "".join(str(x) for x in (out.get("text", ""), data.get("text/plain", ""), data.get("text/html", "")))
+            for verdict in (CORRECT, NOT_YET, "reference answer"):
+                assert verdict not in text, f"{path.name}: an output carries {verdict!r}: {c.source[:60]!r}"
+
+
 def test_worked_solutions_are_folded_and_silent(chapter) -> None:
     for c in _code_cells(chapter):
         if c.source.lstrip().startswith("# Worked solution"):

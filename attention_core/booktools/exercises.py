@@ -49,6 +49,7 @@ __all__ = [
     "encode_answer",
     "parse_number",
     "prove_checker",
+    "prove_quiz",
     "prove_value_check",
     "quiz",
 ]
@@ -421,3 +422,16 @@ def prove_value_check(exercise: ValueCheck, worked: Any, wrong: Any) -> str:
     assert exercise.accepts(worked), f"exercise {exercise.name!r}: the worked answer is rejected"
     assert not exercise.accepts(wrong), f"exercise {exercise.name!r}: a wrong answer is accepted"
     return f"{exercise.name}: the check accepts the worked answer and rejects a wrong one"
+
+
+def prove_quiz(quiz: Quiz) -> str:
+    """Show that a quiz accepts its answer and rejects every other option (what a chapter's hidden cell runs);
+    returns one line that does not say which option is right.
+
+    Raises:
+        AssertionError: an option other than the answer is accepted, or the answer is not.
+    """
+    verdicts = [quiz.evaluate(i).startswith(CORRECT) for i in range(len(quiz.options.options))]
+    assert verdicts[quiz.answer_index], f"quiz {quiz.question!r}: the answer is rejected"
+    assert verdicts.count(True) == 1, f"quiz {quiz.question!r}: more than one option is accepted"
+    return f"quiz: one option of {len(verdicts)} is accepted, the others are rejected"
