@@ -96,15 +96,21 @@ def check_dropout(p: object, name: str = "dropout_p") -> float:
     return float(p)
 
 
+def real_to_float(x: object) -> float:
+    """``float(x)`` for a real number, with an int beyond float's range read as ``inf`` (then refused by the
+    finiteness checks with a message that names the argument, rather than an ``OverflowError``)."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf
+
+
 def check_positive_float(x: object, name: str, *, allow_zero: bool = False) -> float:
     """Return ``x`` as a float; raise unless it is a finite number > 0 (>= 0 with ``allow_zero``)."""
     bound = ">= 0" if allow_zero else "> 0"
     if not _is_real(x):
         raise TypeError(f"{name} must be a finite float {bound}, got {type(x).__name__} {short_repr(x)}")
-    try:
-        value = float(x)
-    except OverflowError:  # an int beyond float's range
-        value = math.inf
+    value = real_to_float(x)
     if not (math.isfinite(value) and (value > 0 or (allow_zero and value == 0))):
         raise ValueError(f"{name} must be a finite float {bound}, got {short_repr(x)}")
     return value
@@ -116,10 +122,7 @@ def check_scale(scale: object, name: str = "scale") -> float | None:
         return None
     if not _is_real(scale):
         raise TypeError(f"{name} must be a positive float or None, got {type(scale).__name__} {short_repr(scale)}")
-    try:
-        value = float(scale)
-    except OverflowError:
-        value = math.inf
+    value = real_to_float(scale)
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive, finite float or None, got {short_repr(scale)}")
     return value

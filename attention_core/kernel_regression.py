@@ -28,6 +28,7 @@ from attention_core._checks import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    real_to_float,
     short_repr,
 )
 from attention_core.functional import masked_softmax
@@ -131,10 +132,7 @@ def _check_bandwidth(bandwidth: object) -> None:
         if not (math.isfinite(value) and value > 0.0):
             raise ValueError(f"bandwidth must be positive and finite, got {value!r}")
     elif isinstance(bandwidth, numbers.Real) and not isinstance(bandwidth, bool):
-        try:
-            value = float(bandwidth)
-        except OverflowError:  # an int beyond float's range
-            value = math.inf
+        value = real_to_float(bandwidth)
         if not (math.isfinite(value) and value > 0.0):
             raise ValueError(f"bandwidth must be positive and finite, got {short_repr(bandwidth)}")
     else:

@@ -39,6 +39,7 @@ from attention_core._checks import (
     check_positive_int,
     check_tensor,
     fmt_shape,
+    real_to_float,
     short_repr,
 )
 
@@ -58,10 +59,7 @@ Device = Union[torch.device, str, None]
 def _check_base(base: object) -> float:
     if isinstance(base, bool) or not isinstance(base, (int, float)):
         raise TypeError(f"base must be a float > 1, got {type(base).__name__} {short_repr(base)}")
-    try:
-        value = float(base)
-    except OverflowError:  # an int beyond float's range
-        value = math.inf
+    value = real_to_float(base)
     if not (math.isfinite(value) and value > 1):
         raise ValueError(f"base must be a finite float > 1, got {short_repr(base)}")
     return value
