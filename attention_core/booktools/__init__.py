@@ -5,5 +5,6 @@
   every figure;
 - :mod:`~attention_core.booktools.widgets`: the interactive figures, each with a kernel-free twin;
 - :mod:`~attention_core.booktools.static`: the HTML twins themselves (frame sliders, quizzes, answer boxes);
-- :mod:`~attention_core.booktools.exercises`: self-checks and code exercises.
+- :mod:`~attention_core.booktools.exercises`: self-checks and code exercises;
+- :mod:`~attention_core.booktools.glue`: a computed number into the prose (myst-nb's glue, or a plain display).
 """
