@@ -16,8 +16,10 @@ Three ways of telling it where each token sits:
   on the positions only through the offset ``m - n``. :func:`apply_rotary` rotates one tensor,
   :class:`RotaryEmbedding` precomputes the angles and rotates a query and a key together.
 
-RoPE pairs features in one of two layouts: ``interleaved=False`` (default, GPT-NeoX and Llama) pairs
-feature ``i`` with ``i + E/2``; ``interleaved=True`` (the RoFormer paper) pairs ``2i`` with ``2i + 1``.
+RoPE pairs features in one of two layouts: ``interleaved=False`` (default; GPT-NeoX and Hugging Face's Llama
+code) pairs feature ``i`` with ``i + E/2``; ``interleaved=True`` (the RoFormer paper and Meta's reference Llama
+code) pairs ``2i`` with ``2i + 1``. Hugging Face permutes the rows of Llama's W_Q and W_K so that the
+half-split layout gives the same scores as Meta's.
 Both rotate pair ``i`` by ``pos * base^(-2i / E)`` and have the relative property.
 """
 
@@ -292,7 +294,8 @@ def apply_rotary(
         x: (..., L, E) with E even, e.g. (B, H, L, E) queries.
         positions: (L,) position of each row; default ``0 .. L - 1``.
         base: the wavelength scale.
-        interleaved: pair features ``(2i, 2i + 1)`` (RoFormer) instead of ``(i, i + E/2)`` (Llama).
+        interleaved: pair features ``(2i, 2i + 1)`` (RoFormer, Meta's Llama code) instead of ``(i, i + E/2)``
+            (GPT-NeoX, Hugging Face's Llama code).
 
     Returns:
         Tensor of ``x``'s shape and dtype; the norm of every pair is unchanged.

@@ -175,13 +175,13 @@ class GeneralScore(nn.Module):
 class AdditiveScore(nn.Module):
     """Bahdanau's additive score ``v^T tanh(W_q q + W_k k)``.
 
-    Computed by broadcasting: (..., L, 1, H) + (..., 1, S, H) -> (..., L, S, H), so it holds an
-    (L, S, H) tensor: fine for the sequence lengths of RNN translation, the reason dot products won later.
+    Computed by broadcasting: (..., L, 1, d_a) + (..., 1, S, d_a) -> (..., L, S, d_a), so it holds an
+    (L, S, d_a) tensor: fine for the sequence lengths of RNN translation, the reason dot products won later.
 
     Args:
         query_dim: Dq.
         key_dim: Dk.
-        hidden_dim: H, the size of the hidden layer.
+        hidden_dim: d_a, the size of the hidden layer (the book's notation; not the number of heads H).
     """
 
     def __init__(self, query_dim: int, key_dim: int, hidden_dim: int) -> None:

@@ -1,14 +1,16 @@
 """Put a number a cell computed into the chapter's text, so the prose cannot drift from the computation.
 
 On the site, myst-nb's ``glue`` stores the value's display in the cell's output under a name, and the prose
-inserts it with the role ``{glue:text}`name```. In a plain Jupyter front end (Colab, JupyterLab without the
-book's build), myst-nb is usually not installed and the role would show raw; there :func:`glue` just displays
-the value (or nothing, with ``display=False``), so the chapter still runs and the reader still sees the number.
+inserts it with myst-nb's ``glue:text`` role (in braces, followed by the name in backticks). In a plain
+Jupyter front end (Colab, JupyterLab without the book's build) myst-nb is usually not installed and the role
+would show raw; there :func:`glue` just displays the value (or nothing, with ``display=False``), so the
+chapter still runs and the reader still sees the number. The book's chapters prefer a literal number in the
+prose with an ``assert`` beside it, which reads the same in every front end.
 
 Usage in a chapter::
 
     from attention_core.booktools.glue import glue
-    glue("exact_match", f"{exact_match:.3f}")     # shows 0.024 in the notebook; {glue:text}`exact_match` on the site
+    glue("exact_match", f"{exact_match:.3f}")     # shows '0.024' in the notebook; the site's prose can insert it
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def glue(name: str, value: Any, display: bool = True) -> None:
     """Store ``value`` under ``name`` for the book's prose (myst-nb), or just display it without myst-nb.
 
     Args:
-        name: the key the prose refers to (``{glue:text}`name```); a non-empty ``str``.
+        name: the key the prose refers to with the ``glue:text`` role; a non-empty ``str`` without whitespace.
         value: any object; what is stored (and shown) is its display, so glue a formatted string
             (``f"{acc:.3f}"``) when the text must not depend on the float's noise.
         display: show the value in the cell's output as well. With myst-nb and ``display=False`` the value is
