@@ -9,7 +9,9 @@ so fonts and anti-aliasing cannot make it flaky):
 - no fixed or sticky element overlaps the sidebar's book title, the article's first heading or a widget
   (a widget is checked where a reader jumping to it would see it: scrolled to the top of the window);
 - the sidebar title and the first heading are drawn on top: the browser's hit test at points spread over
-  each of them finds that element, not something painted over it.
+  each of them finds that element, not something painted over it;
+- where the sidebar is open (laptop and wide), the book's title lies wholly inside its visible part, also on a
+  page far down the table of contents, where the theme scrolls the sidebar to the current entry.
 
 A screenshot of the window as the reader first sees it goes to _build/screenshots/layout_*.png.
 """
@@ -25,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(os.environ.get("AC_SITE_DIR", ROOT / "_build" / "html"))  # the folder conftest serves
 SHOTS = SITE.parent / "screenshots"
-# The pages of _toc.yml in order (`root:` first), read as test_site reads them.
+# The pages of _toc.yml in order (`root:` first).
 _FILES = [m.group(2).removesuffix(".md").removesuffix(".ipynb")
           for m in re.finditer(r"^\s*-?\s*(root|file):\s*(\S+)", (ROOT / "_toc.yml").read_text(), re.M)]
 # The intro (a Markdown page), the first chapter (a notebook with figures, sliders and answer boxes), the quiz.
