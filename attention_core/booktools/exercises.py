@@ -26,7 +26,6 @@ import base64
 import binascii
 import html
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
@@ -262,154 +261,20 @@ def quiz(
 
 
 # ------------------------------------------------------------------------------------------ code exercises
+# The machinery lives in code_checks; the chapters' exercises in chapter_exercises.
+
+from attention_core.booktools.code_checks import CheckReport as CheckReport  # noqa: E402
+from attention_core.booktools.code_checks import FunctionSpec as FunctionSpec  # noqa: E402
+from attention_core.booktools.code_checks import check_function as check_function  # noqa: E402
+from attention_core.booktools.code_checks import prove_checker as prove_checker  # noqa: E402
 
 
-@dataclass(frozen=True)
-class FunctionSpec:
-    """What a code exercise asks for, and how an answer is checked.
+def check_exercise(fn: Callable[..., Any], exercise: str) -> CheckReport:
+    """Check the reader's ``fn`` for a chapter's code exercise, e.g. ``check_exercise(rope, "ch07.rope")``
+    (the exercises are listed in :data:`attention_core.booktools.chapter_exercises.EXERCISES`)."""
+    from attention_core.booktools.chapter_exercises import spec
 
-    Attributes:
-        name: the function's name, as the exercise states it (e.g. ``"masked_softmax"``).
-        reference: the library's version; the reader's function must agree with it.
-        inputs: a ``hypothesis`` strategy drawing a tuple of positional arguments.
-        atol, rtol: tolerance of the comparison (``torch.testing.assert_close`` semantics).
-        max_examples: how many generated inputs a check tries (it stops at the first failure, shrunk).
-    """
-
-    name: str
-    reference: Callable[..., Any]
-    inputs: Any
-    atol: float = 1e-6
-    rtol: float = 1e-5
-    max_examples: int = 60
-
-
-@dataclass
-class CheckReport:
-    """The outcome of :func:`check_function`; displays as a short report (text and HTML).
-
-    Attributes:
-        status: ``"passed"``, ``"failed"`` or ``"todo"`` (the function is not written yet).
-        tried: how many generated inputs were tried.
-        message: what the reader reads: the verdict, and for a failure the inputs, the expected and the
-            received output.
-    """
-
-    status: str
-    tried: int
-    message: str
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "passed"
-
-    def __repr__(self) -> str:
-        return self.message
-
-    def _repr_html_(self) -> str:
-        ok = {"passed": True, "failed": False}.get(self.status)
-        extra = ""
-        if self.status == "todo":  # what the static site shows: no kernel runs there
-            extra = ("<br><em>Checking needs a running Python kernel: open this chapter in Colab (the rocket "
-                     "button at the top of the page) or in Jupyter, write the function, and run the cell.</em>")
-        return f'<pre style="white-space:pre-wrap;color:{_COLORS[ok]}">{html.escape(self.message)}</pre>{extra}'
-
-
-def _fmt(value: Any) -> str:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return f"tensor of shape {tuple(value.shape)}, {value.dtype}:\n{value}"
-    return repr(value)
-
-
-def _clone(args: tuple) -> tuple:
-    import torch
-
-    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-
-
-def _compare(got: Any, expected: Any, spec: FunctionSpec) -> str | None:
-    """``None`` when ``got`` matches ``expected``, else why not."""
-    import torch
-
-    if not isinstance(got, torch.Tensor):
-        return f"returned a {type(got).__name__}, expected a tensor"
-    if got.shape != expected.shape:
-        return f"returned shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
-    nan_got, nan_expected = torch.isnan(got), torch.isnan(expected)
-    if not torch.equal(nan_got, nan_expected):
-        return f"returned NaN at {int((nan_got & ~nan_expected).sum())} positions where the library gives numbers"
-    try:
-        torch.testing.assert_close(got.to(expected.dtype), expected, atol=spec.atol, rtol=spec.rtol, equal_nan=True)
-    except AssertionError:
-        return f"values differ by up to {float((got.double() - expected.double()).abs().nan_to_num(0).max()):.3g}"
-    return None
-
-
-def check_function(fn: Callable[..., Any], spec: FunctionSpec) -> CheckReport:
-    """Run ``fn`` against ``spec.reference`` on generated inputs; stop at the first failure (shrunk by
-    hypothesis to a small case) and report its inputs, the expected and the received output.
-
-    A function that raises ``NotImplementedError`` (the exercise's starting point) gives a ``"todo"`` report
-    rather than a failure. Runs are repeatable (derandomized). Needs ``hypothesis``
-    (``pip install hypothesis``; the chapters' install cell brings it).
-    """
-    try:
-        from hypothesis import HealthCheck, Phase, given, settings
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("checking code exercises needs `pip install hypothesis`") from err
-    if not callable(fn):
-        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
-    seen: dict = {"tried": 0, "failure": None, "todo": False}
-
-    @settings(max_examples=spec.max_examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
-              report_multiple_bugs=False)
-    @given(spec.inputs)
-    def run(args: tuple) -> None:
-        seen["tried"] += 1
-        expected = spec.reference(*_clone(args))
-        try:
-            got = fn(*_clone(args))
-        except NotImplementedError:
-            seen["todo"] = True
-            raise
-        except Exception as err:  # the reader's code may raise anything: report it as the failure
-            seen["failure"] = (args, expected, f"raised {type(err).__name__}: {err}")
-            raise AssertionError from err
-        problem = _compare(got, expected, spec)
-        if problem is not None:
-            seen["failure"] = (args, expected, f"{problem}; received {_fmt(got)}")
-            raise AssertionError(problem)
-
-    try:
-        run()
-    except NotImplementedError:
-        return CheckReport("todo", 0, f"{spec.name}: not written yet. Write it in the cell above, then run this "
-                                      f"cell: it is compared with the library on {spec.max_examples} generated inputs.")
-    except AssertionError:
-        if seen["todo"]:
-            return CheckReport("todo", 0, f"{spec.name}: not written yet.")
-        args, expected, received = seen["failure"]
-        shown = "\n".join(f"  argument {i}: {_fmt(a)}" for i, a in enumerate(args))
-        return CheckReport("failed", seen["tried"], f"{NOT_YET}: {spec.name} disagrees with the library on\n{shown}\n"
-                                                     f"expected {_fmt(expected)}\nbut it {received}")
-    return CheckReport("passed", seen["tried"], f"{CORRECT}: {spec.name} agrees with the library on "
-                                                f"{seen['tried']} generated inputs.")
-
-
-def prove_checker(spec: FunctionSpec, worked: Callable[..., Any], wrong: Callable[..., Any]) -> str:
-    """Show that the checker of ``spec`` accepts the worked solution and rejects a wrong one (what a
-    chapter's hidden cell runs, so that the test suite proves both); returns one line without any answer.
-
-    Raises:
-        AssertionError: the worked solution fails, or the wrong one passes.
-    """
-    good, bad = check_function(worked, spec), check_function(wrong, spec)
-    assert good.passed, f"the worked solution of {spec.name} fails its own checker:\n{good.message}"
-    assert bad.status == "failed", f"the checker of {spec.name} accepts a wrong solution"
-    return f"{spec.name}: the checker accepts the worked solution and rejects a wrong one"
+    return check_function(fn, spec(exercise))
 
 
 def prove_value_check(exercise: ValueCheck, worked: Any, wrong: Any) -> str:
