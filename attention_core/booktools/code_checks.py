@@ -186,9 +186,14 @@ def _compare_one(got: Any, expected: Any, spec: FunctionSpec, what: str, dtype: 
     if n_bad == 0:
         return None
     index = tuple(int(i) for i in bad.nonzero()[0])
-    where = f" {what}" if what != "the result" else ""
-    return (f"values{where} differ at {_plural(n_bad, 'position')} of {expected.numel()}; the first at index "
+    where = f" of {what}" if what != "the result" else ""
+    text = (f"values{where} differ at {_plural(n_bad, 'position')} of {expected.numel()}; the first at index "
             f"{index}: expected {_scalar(expected[index])}, got {_scalar(got[index])}")
+    if expected.dtype != torch.bool:
+        n_nan = int((torch.isnan(got) & ~torch.isnan(expected)).sum())
+        if n_nan:
+            text += f" (NaN at {_plural(n_nan, 'position')} where the library gives a number)"
+    return text
 
 
 def _compare(got: Any, expected: Any, spec: FunctionSpec, dtype: tuple[str, Any] | None) -> str | None:
