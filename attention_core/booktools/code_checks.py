@@ -151,6 +151,17 @@ def _fmt(value: Any) -> str:
     return repr(value)
 
 
+def _fmt_output(value: Any, spec: FunctionSpec) -> str:
+    """An output; a tuple of outputs one per line, under the spec's names."""
+    if isinstance(value, tuple) and len(spec.output_names) == len(value):
+        return "".join(f"\n  {n} = {_fmt(v)}" for n, v in zip(spec.output_names, value))
+    return _fmt(value)
+
+
+def _labelled(label: str, text: str) -> str:
+    return f"{label}:{text}" if text.startswith("\n") else f"{label} {text}"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -350,9 +361,9 @@ def check_function(fn: Callable[..., Any], spec: FunctionSpec) -> CheckReport:
             return CheckReport("todo", 0, f"{spec.name}: not written yet.")
         args, expected, got, problem = seen["failure"]
         lines = [f"{NOT_YET}: {spec.name} disagrees with the library on", _describe(args, spec), problem]
-        lines.append(f"expected {_fmt(expected)}")
+        lines.append(_labelled("expected", _fmt_output(expected, spec)))
         if got is not None:
-            lines.append(f"received {_fmt(got)}")
+            lines.append(_labelled("received", _fmt_output(got, spec)))
             hint = _hint(got, args, spec)
             if hint:
                 lines.append(f"Hint: {hint}")
