@@ -456,3 +456,13 @@ def test_notebook_checks_with_this_spec_in_one_cell_after_the_stub(key):
     assert cells[stub + 1]["cell_type"] == "code" and f'exercises.check_exercise({name}, "{key}")' in checker
     everything = "\n".join("".join(c["source"]) for c in cells)
     assert "prove_checker(" not in everything, f"{key}: a proof cell feeding the checker wrong answers remains"
+
+
+def test_chapter_9_partial_softmax_is_the_one_the_checker_uses():
+    stub = next("".join(c["source"]) for c in _cells("ch09.merge_partials")
+                if "def partial_softmax(" in "".join(c["source"]))
+    namespace = {"torch": torch}
+    exec(compile(stub, "<ch09 stub>", "exec"), namespace)  # noqa: S102 - the book's own code
+    s, v = torch.tensor([0.5, -2.0, 3.0], dtype=torch.float64), torch.arange(6, dtype=torch.float64).view(3, 2)
+    for a, b in zip(namespace["partial_softmax"](s, v), ce.partial_softmax(s, v)):
+        assert torch.equal(a, b)
