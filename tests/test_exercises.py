@@ -151,7 +151,8 @@ def _softmax_spec() -> exercises.FunctionSpec:
         ).map(lambda t: (torch.tensor(t[0]).view(shape), torch.tensor(t[1]).view(shape)))
 
     inputs = st.tuples(st.integers(1, 3), st.integers(1, 4)).flatmap(case)
-    return exercises.FunctionSpec("masked_softmax", reference=ac.masked_softmax, inputs=inputs, max_examples=40)
+    return exercises.FunctionSpec("masked_softmax", reference=ac.masked_softmax, inputs=inputs, max_examples=40,
+                                  arg_names=("scores", "mask"))
 
 
 def test_code_checker_accepts_reports_and_waits() -> None:
@@ -164,8 +165,12 @@ def test_code_checker_accepts_reports_and_waits() -> None:
         return torch.softmax(s.masked_fill(~m, float("-inf")), -1)
 
     report = exercises.check_function(naive, spec)
-    assert report.status == "failed" and "NaN" in report.message and "argument 1" in report.message
-    assert "expected" in report.message and "received" in report.message
+    assert report.status == "failed" and "NaN at 1 position where" in report.message
+    assert "\n  scores = " in report.message and "\n  mask = " in report.message  # the statement's names
+    assert "expected" in report.message and "received" in report.message and "argument" not in report.message
+    bare = exercises.FunctionSpec("f", ac.masked_softmax, spec.inputs, max_examples=40)
+    unnamed = exercises.check_function(naive, bare)
+    assert "\n  argument 1 = " in unnamed.message  # a spec without names still shows every input
 
     def todo(s, m):
         raise NotImplementedError

@@ -144,11 +144,21 @@ def test_objectives_first_and_a_summary_last(chapter) -> None:
 
 
 def test_a_code_exercise_whose_checker_is_proven(chapter) -> None:
-    cells = _code_cells(chapter)
-    asks = [c for c in cells if "exercises.check_function(" in c.source and "remove-cell" not in _tags(c)]
-    proofs = [c for c in cells if "exercises.prove_checker(" in c.source]
-    assert asks, "no code exercise (a visible exercises.check_function call)"
-    assert proofs, "no cell proves the code exercise's checker (exercises.prove_checker)"
+    """One visible check cell per code exercise, right after the stub, naming an exercise whose checker
+    tests/test_code_exercises.py proves against its mutants; no proof feeding it wrong answers in the page."""
+    from attention_core.booktools.chapter_exercises import EXERCISES
+
+    cells = chapter.cells
+    asks = [i for i, c in enumerate(cells) if c.cell_type == "code" and "exercises.check_exercise(" in c.source]
+    assert asks, "no code exercise (a visible exercises.check_exercise call)"
+    for i in asks:
+        m = re.search(r"exercises\.check_exercise\((\w+), \"([\w.]+)\"\)", cells[i].source)
+        assert m and m.group(2) in EXERCISES, f"an unknown exercise: {cells[i].source!r}"
+        assert "remove-cell" not in _tags(cells[i])
+        stub = cells[i - 1]
+        assert stub.cell_type == "code" and f"def {m.group(1)}(" in stub.source, "the check does not follow the stub"
+    assert not any("prove_checker(" in c.source or "check_function(" in c.source for c in cells), \
+        "a code checker is fed answers in the page (its proof lives in tests/test_code_exercises.py)"
 
 
 def test_proofs_are_hidden_and_answers_never_written_out(chapter) -> None:

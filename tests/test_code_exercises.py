@@ -1,0 +1,557 @@
+"""Every chapter's code-exercise checker against the mistakes students make, and against right answers.
+
+For each exercise of :data:`attention_core.booktools.chapter_exercises.EXERCISES` this file holds at least
+four plausible mistakes (mutants), the chapter's own warnings first: each must be REJECTED with a report that
+names the failing input by the statement's argument names (and, for the checker's known mistakes, gives the
+hint naming the mistake). The worked solution of the chapter (read from the notebook) and correct solutions
+written differently (another order of operations, float32 where float64 is not asked for) must be ACCEPTED.
+Mutants that call the library function computing the whole answer are rejected with a message saying what
+the exercise asks for, and the library is whole again afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("hypothesis")
+
+import torch.nn.functional as F  # noqa: E402
+
+import attention_core as ac  # noqa: E402
+from attention_core import language_model as lm  # noqa: E402
+from attention_core import pretrained  # noqa: E402
+from attention_core.booktools import chapter_exercises as ce  # noqa: E402
+from attention_core.booktools import code_checks, exercises  # noqa: E402
+from attention_core.functional import masked_softmax as lib_masked_softmax  # noqa: E402
+from attention_core.positional import apply_rotary  # noqa: E402
+from attention_core.rnn_attention import AdditiveAttention, local_attention_weights  # noqa: E402
+
+BOOK = Path(__file__).resolve().parents[1] / "book"
+NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch03": "03_bahdanau",
+            "ch04": "04_luong", "ch05": "05_self_attention", "ch06": "06_multi_head_attention",
+            "ch07": "07_positional_information", "ch08": "08_transformer", "ch09": "09_attention_at_scale",
+            "ch10": "10_pretrained_minilm", "ch11": "11_decoder_only_lm"}
+NEG_INF = float("-inf")
+LIBRARY = "is not available while your"  # what a blocked library function says
+
+
+# ------------------------------------------------------------------------------------------- mutants: ch. 1-4
+
+
+def _inside(q, k, h):
+    return ((q[:, None] - k[None, :]).abs() <= h).float()  # (L, S)
+
+
+CH01 = [
+    ("keys transposed against queries", lambda q, k, v, h: ((k[:, None] - q[None, :]).abs() <= h).float() @ v
+     / ((k[:, None] - q[None, :]).abs() <= h).float().sum(-1).clamp(min=1)),
+    ("half-width h/2", lambda q, k, v, h: (_inside(q, k, h / 2) @ v) / _inside(q, k, h / 2).sum(-1).clamp(min=1)),
+    ("empty window gives the global mean", lambda q, k, v, h: torch.where(
+        _inside(q, k, h).sum(-1) > 0, (_inside(q, k, h) @ v) / _inside(q, k, h).sum(-1).clamp(min=1), v.mean())),
+]
+CH01_LIBRARY = lambda q, k, v, h: ac.nadaraya_watson(q, k, v, kernel="boxcar", bandwidth=h)  # noqa: E731
+
+CH02 = [
+    ("max without keepdim", lambda s, m: torch.softmax((s - s.max(-1).values).masked_fill(~m, NEG_INF), -1)
+     .nan_to_num(0.0)),
+    ("softmax over the queries", lambda s, m: torch.softmax(s.masked_fill(~m, NEG_INF), 0).nan_to_num(0.0)),
+    ("nan_to_num after -1e9", lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1).nan_to_num(0.0)),
+]
+CH02_LIBRARY = [lambda s, m: ac.masked_softmax(s, m), lambda s, m: lib_masked_softmax(s, m)]
+
+CH03 = [
+    ("mask inverted", lambda s, h, m, W, U, v: torch.softmax(
+        (torch.tanh((s @ W.T)[:, None] + h @ U.T) @ v).masked_fill(m, NEG_INF), -1)),
+    ("weights not transposed", lambda s, h, m, W, U, v: torch.softmax(
+        (torch.tanh((s @ W)[:, None] + h @ U) @ v).masked_fill(~m, NEG_INF), -1)),
+]
+
+
+def _ch03_library(s_prev, h, mask, W_a, U_a, v_a):
+    layer = AdditiveAttention(W_a.shape[1], U_a.shape[1], W_a.shape[0])
+    with torch.no_grad():
+        layer.score.W_q.weight.copy_(W_a)
+        layer.score.W_k.weight.copy_(U_a)
+        layer.score.v.weight.copy_(v_a[None])
+        return layer(s_prev, h, attn_mask=mask)[1]
+
+
+def _ch04_wrong_axis(scores, center, D):
+    dist = torch.arange(scores.shape[-1]) - center[..., None]
+    w = torch.softmax(scores.masked_fill(dist.abs() > D, NEG_INF), dim=-2).nan_to_num(0.0)
+    return w * torch.exp(-dist**2 / (2 * (D / 2) ** 2))
+
+
+def _ch04_log_gauss(scores, center, D):  # the Gaussian added to the scores: renormalised weights
+    dist = torch.arange(scores.shape[-1]) - center[..., None]
+    return torch.softmax((scores - dist**2 / (2 * (D / 2) ** 2)).masked_fill(dist.abs() > D, NEG_INF), -1)
+
+
+CH04 = [("softmax over decoder steps", _ch04_wrong_axis), ("Gaussian added to the scores", _ch04_log_gauss)]
+CH04_LIBRARY = lambda s, c, D: local_attention_weights(s, c, D, gaussian=True)  # noqa: E731
+
+
+# ------------------------------------------------------------------------------------------- mutants: ch. 5-8
+
+
+def _ch05_over_queries(q, k, v):
+    s = (q @ k.T / q.shape[-1] ** 0.5).masked_fill(~torch.ones(len(q), len(k), dtype=torch.bool).tril(), NEG_INF)
+    return torch.softmax(s, dim=0).nan_to_num(0.0) @ v
+
+
+CH05 = [("softmax over the queries", _ch05_over_queries),
+        ("scaled by 1/sqrt(L)", lambda q, k, v: torch.softmax(
+            (q @ k.T / len(q) ** 0.5).masked_fill(~torch.ones(len(q), len(q), dtype=torch.bool).tril(), NEG_INF),
+            -1) @ v)]
+CH05_LIBRARY = [lambda q, k, v: ac.scaled_dot_product_attention(q, k, v, is_causal=True),
+                lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)]
+
+
+def _ch06_float32(x, w_q, w_k, w_v, w_o, num_heads):
+    return _ch06_alt(x.float(), w_q.float(), w_k.float(), w_v.float(), w_o.float(), num_heads)
+
+
+def _ch06_library(x, w_q, w_k, w_v, w_o, num_heads):
+    mha = ac.MultiHeadAttention(x.shape[-1], num_heads, bias=False, dtype=x.dtype)
+    with torch.no_grad():
+        for proj, w in [(mha.q_proj, w_q), (mha.k_proj, w_k), (mha.v_proj, w_v), (mha.out_proj, w_o)]:
+            proj.weight.copy_(w.T)
+        return mha(x, attn_mask=ac.causal_mask(x.shape[1]))[0]
+
+
+CH06 = [("returns float32", _ch06_float32)]
+
+
+def _ch07_float32(x, positions):
+    return _ch07_complex(x, positions).float()
+
+
+CH07 = [("returns float32", _ch07_float32),
+        ("base 1000", lambda x, p: apply_rotary_like(x, p, base=1000.0))]
+
+
+def apply_rotary_like(x, positions, base=10000.0):
+    N, E = x.shape
+    theta = base ** (-torch.arange(0, E, 2, dtype=torch.float64) / E)
+    angle = positions[:, None].double() * theta
+    a, b = x[:, : E // 2], x[:, E // 2 :]
+    return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()], -1)
+
+
+CH08 = [("scaled by 1/sqrt(T)", lambda q, k, v: torch.softmax(
+            (q @ k.transpose(-2, -1) / q.shape[-2] ** 0.5).masked_fill(
+                ~torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril(), NEG_INF), -1) @ v),
+        ("values not weighted", lambda q, k, v: torch.softmax(
+            (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(
+                ~torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril(), NEG_INF), -1).sum(-1, keepdim=True)
+         * v)]
+CH08_LIBRARY = [lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                lambda q, k, v: ac.scaled_dot_product_attention(q, k, v, is_causal=True)]
+
+
+# ------------------------------------------------------------------------------------------ mutants: ch. 9-11
+
+
+def _ch09_ones(o1, m1, l1, o2, m2, l2):  # the first block's maximum kept, whatever the second's
+    a2 = torch.exp(m2 - m1)
+    return o1 + a2 * o2, m1, l1 + a2 * l2
+
+
+CH09 = [("keeps m1 as the maximum", _ch09_ones)]
+
+CH10 = [("max-pooled", lambda h, m: h.masked_fill(~m[..., None], NEG_INF).amax(1)),
+        ("mean over features", lambda h, m: (h * m[..., None]).sum(-1) / m.sum(1, keepdim=True))]
+CH10_LIBRARY = [lambda h, m: pretrained.mean_pool(h, m)]
+
+CH11 = [("float mask", lambda L, S, w: ce._decode(L, S, w).float()),
+        ("transposed (S, L)", lambda L, S, w: ce._decode(L, S, w).T),
+        ("window None crashes", lambda L, S, w: ce._decode(L, S, w) & (torch.arange(S) > S - 1 - w))]
+CH11_LIBRARY = [lambda L, S, w: lm.cached_causal_mask(L, S, w)]
+
+
+def _as_list(x):
+    return x if isinstance(x, list) else [x]
+
+
+#: exercise -> [(name, mutant, what the report must say)]; the checker's known mistakes come with their hint.
+EXTRA = {"ch01.boxcar_nw": (CH01, CH01_LIBRARY), "ch02.masked_softmax": (CH02, CH02_LIBRARY),
+         "ch03.bahdanau_weights": (CH03, _ch03_library), "ch04.local_p_weights": (CH04, CH04_LIBRARY),
+         "ch05.causal_attention": (CH05, CH05_LIBRARY), "ch06.causal_multi_head": (CH06, _ch06_library),
+         "ch07.rope": (CH07, lambda x, p: apply_rotary(x, p)), "ch08.causal_attention": (CH08, CH08_LIBRARY),
+         "ch09.merge_partials": (CH09, []), "ch10.mean_pool": (CH10, CH10_LIBRARY),
+         "ch11.decode_mask": (CH11, CH11_LIBRARY)}
+MUTANTS: dict = {}
+for _key in ce.EXERCISES:
+    _spec = ce.spec(_key)
+    _extra, _library = EXTRA[_key]
+    MUTANTS[_key] = ([(f"known: {m.hint[:40]}", m.fn, f"Hint: {m.hint}") for m in _spec.mistakes]
+                     + [(name, fn, None) for name, fn in _extra]
+                     + [(f"calls the library {i}", fn, LIBRARY) for i, fn in enumerate(_as_list(_library))])
+
+
+# ------------------------------------------------------------------------------- correct, written differently
+
+
+def _ch01_loop(queries, keys, values, bandwidth):
+    out = []
+    for q in queries.tolist():
+        near = [v for k, v in zip(keys.tolist(), values.tolist()) if abs(q - k) <= bandwidth]
+        out.append(sum(near) / len(near) if near else 0.0)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def _ch02_where(scores, mask):
+    s = scores.double().masked_fill(~mask, NEG_INF)
+    top = s.max(-1, keepdim=True).values
+    e = torch.where(mask, torch.exp(s - torch.where(mask.any(-1, keepdim=True), top, 0.0)), 0.0)
+    return (e / e.sum(-1, keepdim=True).clamp(min=1e-300)).float()
+
+
+def _ch03_einsum(s_prev, h, mask, W_a, U_a, v_a):
+    e = torch.einsum("a,bsa->bs", v_a, torch.tanh(torch.einsum("ad,bd->ba", W_a, s_prev)[:, None]
+                                                    + torch.einsum("ak,bsk->bsa", U_a, h)))
+    e = torch.where(mask, e - e.masked_fill(~mask, NEG_INF).amax(-1, keepdim=True), NEG_INF)
+    return e.exp() / e.exp().sum(-1, keepdim=True)
+
+
+def _ch04_gauss_first(scores, center, D):
+    s = torch.arange(scores.shape[-1], dtype=torch.float64)
+    d = s - center.double()[..., None]
+    g = torch.exp(-2 * d**2 / D**2)
+    w = torch.where(d.abs() <= D, scores.double(), NEG_INF).softmax(-1)
+    return (g * w).float()
+
+
+def _ch05_einsum(q, k, v):
+    L = q.shape[0]
+    s = torch.einsum("ie,je->ij", q.double(), k.double()) / math.sqrt(q.shape[1])
+    s = torch.where(torch.arange(L)[None, :] <= torch.arange(L)[:, None], s, NEG_INF)
+    return (s.softmax(-1) @ v.double()).float()
+
+
+def _ch06_alt(x, w_q, w_k, w_v, w_o, num_heads):  # computed in float32, returned in x's dtype
+    B, L, D = x.shape
+    E = D // num_heads
+    x32 = x.float()
+    q, k, v = (torch.einsum("bld,de->ble", x32, w.float()).reshape(B, L, num_heads, E) for w in (w_q, w_k, w_v))
+    s = torch.einsum("bihe,bjhe->bhij", q, k) * E**-0.5
+    s = s + torch.full((L, L), NEG_INF).triu(1)
+    o = torch.einsum("bhij,bjhe->bihe", s.softmax(-1), v).reshape(B, L, D)
+    return (o @ w_o.float()).to(x.dtype)
+
+
+def _ch07_complex(x, positions):  # pairs as complex numbers, in float32, returned in x's dtype
+    N, E = x.shape
+    theta = 10000.0 ** (-torch.arange(E // 2, dtype=torch.float32) * 2 / E)
+    z = torch.complex(x[:, : E // 2].float(), x[:, E // 2 :].float()) * torch.polar(
+        torch.ones(N, E // 2), positions.float()[:, None] * theta)
+    return torch.cat([z.real, z.imag], -1).to(x.dtype)
+
+
+def _ch08_float64(q, k, v):
+    T = q.shape[-2]
+    s = torch.matmul(q.double() / math.sqrt(q.shape[-1]), k.double().transpose(-1, -2))
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), NEG_INF)
+    return torch.softmax(s, -1) @ v.double()
+
+
+def _ch09_float32(o1, m1, l1, o2, m2, l2):  # rescale factors in float32
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp((m1 - m).float()).double(), torch.exp((m2 - m).float()).double()
+    return o1 * a1 + o2 * a2, m, l1 * a1 + l2 * a2
+
+
+def _ch10_float32(hidden, mask):
+    h = hidden.float()
+    counts = mask.sum(-1, keepdim=True)  # (B, 1)
+    return torch.stack([h[b, mask[b]].sum(0) for b in range(h.shape[0])]) / counts
+
+
+def _ch11_triangles(L, S, window):
+    ones = torch.ones(L, S, dtype=torch.bool)
+    mask = ones.tril(S - L)
+    return mask if window is None else mask & ~ones.tril(S - L - window)
+
+
+ALTERNATIVES = {"ch01.boxcar_nw": [_ch01_loop], "ch02.masked_softmax": [_ch02_where],
+                "ch03.bahdanau_weights": [_ch03_einsum], "ch04.local_p_weights": [_ch04_gauss_first],
+                "ch05.causal_attention": [_ch05_einsum], "ch06.causal_multi_head": [_ch06_alt],
+                "ch07.rope": [_ch07_complex], "ch08.causal_attention": [_ch08_float64],
+                "ch09.merge_partials": [_ch09_float32], "ch10.mean_pool": [_ch10_float32],
+                "ch11.decode_mask": [_ch11_triangles]}
+
+
+# ------------------------------------------------------------------------------------------ worked solutions
+
+
+def _cells(key):
+    nb = json.loads((BOOK / f"{NOTEBOOK[key.split('.')[0]]}.ipynb").read_text())
+    return nb["cells"]
+
+
+def _worked_copy(key):
+    """The chapters' worked solutions as they stand in the pages (accepted whether or not the page still
+    carries them as code)."""
+    name = key.split(".")[1]
+    namespace = {"torch": torch, "math": math}
+    exec(compile(WORKED_COPIES[key], f"<{key} worked copy>", "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+WORKED_COPIES = {
+    "ch01.boxcar_nw": """
+def boxcar_nw(queries, keys, values, bandwidth):
+    inside = ((queries[:, None] - keys[None, :]).abs() <= bandwidth).float()
+    return (inside @ values) / inside.sum(-1).clamp(min=1)
+""",
+    "ch02.masked_softmax": """
+def masked_softmax(scores, mask):
+    dead = ~mask.any(dim=-1, keepdim=True)
+    w = torch.softmax(scores.masked_fill(~mask, float("-inf")).masked_fill(dead, 0.0), dim=-1)
+    return w.masked_fill(dead, 0.0)
+""",
+    "ch03.bahdanau_weights": """
+def bahdanau_weights(s_prev, h, mask, W_a, U_a, v_a):
+    hidden = torch.tanh((s_prev @ W_a.T)[:, None, :] + h @ U_a.T)
+    return torch.softmax((hidden @ v_a).masked_fill(~mask, float("-inf")), dim=-1)
+""",
+    "ch04.local_p_weights": """
+def local_p_weights(scores, center, D):
+    dist = torch.arange(scores.shape[-1], dtype=scores.dtype) - center[..., None]
+    w = torch.softmax(scores.masked_fill(dist.abs() > D, float("-inf")), dim=-1)
+    return w * torch.exp(-dist**2 / (2 * (D / 2) ** 2))
+""",
+    "ch05.causal_attention": """
+def causal_attention(q, k, v):
+    scores = q @ k.T / q.shape[-1] ** 0.5
+    future = ~torch.tril(torch.ones_like(scores, dtype=torch.bool))
+    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
+""",
+    "ch06.causal_multi_head": """
+def causal_multi_head(x, w_q, w_k, w_v, w_o, num_heads):
+    B, L, D = x.shape
+    E = D // num_heads
+    def heads(t):
+        return t.view(B, L, num_heads, E).transpose(1, 2)
+    q, k, v = heads(x @ w_q), heads(x @ w_k), heads(x @ w_v)
+    scores = q @ k.transpose(-2, -1) / E**0.5
+    later = torch.ones(L, L, dtype=torch.bool).triu(1)
+    weights = scores.masked_fill(later, float("-inf")).softmax(-1)
+    return (weights @ v).transpose(1, 2).reshape(B, L, D) @ w_o
+""",
+    "ch07.rope": """
+def rope(x, positions):
+    N, E = x.shape
+    theta = 10000.0 ** (-torch.arange(0, E, 2, dtype=torch.float64) / E)
+    angle = positions.to(torch.float64)[:, None] * theta
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    a, b = x[:, : E // 2], x[:, E // 2 :]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+""",
+    "ch08.causal_attention": """
+def causal_attention(q, k, v):
+    T, E = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(E)
+    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+""",
+    "ch09.merge_partials": """
+def merge_partials(o1, m1, l1, o2, m2, l2):
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    return a1 * o1 + a2 * o2, m, a1 * l1 + a2 * l2
+""",
+    "ch10.mean_pool": """
+def mean_pool(hidden, mask):
+    m = mask.to(hidden.dtype)[..., None]
+    return (hidden * m).sum(1) / m.sum(1)
+""",
+    "ch11.decode_mask": """
+def decode_mask(L, S, window):
+    i = torch.arange(L)[:, None] + (S - L)
+    j = torch.arange(S)[None, :]
+    mask = j <= i
+    return mask if window is None else mask & (j > i - window)
+""",
+}
+
+
+def worked_solution(key):
+    """The chapter's worked solution, read from the notebook (a code cell or a fenced block of a solution)."""
+    name = key.split(".")[1]
+    namespace = {"torch": torch, "math": math, "F": F, "partial_softmax": ce.partial_softmax}
+    for cell in _cells(key):
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code" and f"def {name}_solution(" in src:
+            exec(compile(src, f"<{key} worked solution>", "exec"), namespace)  # noqa: S102 - the book's own code
+            return namespace[f"{name}_solution"]
+        if cell["cell_type"] == "markdown":
+            for block in re.findall(r"```python\n(.*?)```", src, flags=re.S):
+                for defined in (f"{name}_solution", name):
+                    if f"def {defined}(" in block:
+                        exec(compile(block, f"<{key} solution>", "exec"), namespace)  # noqa: S102
+                        return namespace[defined]
+    return None  # the chapter's solution is prose only: the copy below stands for it
+
+
+# ------------------------------------------------------------------------------------------------------ tests
+
+MUTANT_CASES = [pytest.param(key, i, id=f"{key}-{i}-{name[:30]}")
+                for key, rows in MUTANTS.items() for i, (name, _, _) in enumerate(rows)]
+
+
+def test_at_least_four_mutants_per_exercise(capsys):
+    counts = {key: len(rows) for key, rows in MUTANTS.items()}
+    with capsys.disabled():
+        print("\nmutants per code exercise:", ", ".join(f"{k} {n}" for k, n in counts.items()),
+              f"(total {sum(counts.values())})")
+    assert set(counts) == set(ce.EXERCISES) and len(counts) == 11
+    assert all(n >= 4 for n in counts.values()), counts
+
+
+@pytest.mark.parametrize("key,index", MUTANT_CASES)
+def test_mutant_is_rejected_with_a_teaching_message(key, index):
+    name, mutant, must_say = MUTANTS[key][index]
+    spec = ce.spec(key)
+    report = code_checks.check_function(mutant, spec)
+    assert report.status == "failed", f"{key}: the checker accepts the mistake {name!r}"
+    msg = report.message
+    for arg in spec.arg_names:  # the failing input, under the statement's names
+        assert f"\n  {arg} = " in msg, f"{key}: argument {arg!r} not named in\n{msg}"
+    assert "argument 0" not in msg and " it values" not in msg and "1 positions" not in msg
+    if must_say is not None:
+        assert must_say in msg, f"{key} {name!r}: the report lacks {must_say!r}:\n{msg}"
+    if " differ at " in msg:  # a value difference: where, expected, got
+        assert re.search(r"the first at index \([0-9, ]*\): expected \S+, got \S+", msg), msg
+
+
+@pytest.mark.parametrize("key", ce.EXERCISES)
+def test_worked_and_alternative_solutions_are_accepted(key):
+    spec = ce.spec(key)
+    in_page = worked_solution(key)
+    for fn in [f for f in (in_page, _worked_copy(key)) if f is not None] + ALTERNATIVES[key]:
+        report = code_checks.check_function(fn, spec)
+        assert report.passed, f"{key}: a correct solution ({fn.__name__}) is rejected:\n{report.message}"
+        assert report.tried >= len(spec.examples) + 10
+
+
+@pytest.mark.parametrize("key", ce.EXERCISES)
+def test_statement_example_and_edge_cases(key):
+    """Each exercise's first edge case is the statement's worked example, and its output appears in it."""
+    spec = ce.spec(key)
+    assert len(spec.examples) >= 3 and len(spec.mistakes) >= 3
+    for case in spec.examples:  # every edge case is a valid input of the reference
+        spec.reference(*case)
+    statement = STATEMENT_OUTPUT[key]
+    cells = _cells(key)
+    stub = next(i for i, c in enumerate(cells) if c["cell_type"] == "code"
+                and "raise NotImplementedError" in "".join(c["source"]) and f"def {key.split('.')[1]}(" in
+                "".join(c["source"]))
+    text = "".join(cells[stub - 1]["source"])
+    assert statement in text, f"{key}: the statement's example output {statement!r} is not in:\n{text}"
+    if key == "ch09.merge_partials":  # the statement shows merge's own (o, m, l)
+        out = ce._merge(*spec.reader_args(spec.examples[0]))
+    else:
+        out = spec.reference(*spec.examples[0])
+    assert _fmt_example(out) == statement, (key, _fmt_example(out))
+
+
+def _fmt_example(out):
+    if isinstance(out, tuple):
+        return "(" + ", ".join(_fmt_example(o) for o in out) + ")"
+    if out.dtype == torch.bool:
+        return str(out.tolist())
+    if out.dim() == 0:
+        return str(round(out.item(), 4))
+    return str(torch.round(out.double(), decimals=4).tolist())
+
+
+STATEMENT_OUTPUT = {
+    "ch01.boxcar_nw": "[2.0, 5.0]",
+    "ch02.masked_softmax": "[[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]",
+    "ch03.bahdanau_weights": "[[0.5, 0.5, 0.0]]",
+    "ch04.local_p_weights": "[[[0.0271, 0.1213, 0.2, 0.1213, 0.0271]]]",
+    "ch05.causal_attention": "[[2.0], [3.0]]",
+    "ch06.causal_multi_head": "[[[1.0, 2.0], [0.5, 1.0]]]",
+    "ch07.rope": "[[1.0, 0.0], [-0.4161, 0.9093]]",
+    "ch08.causal_attention": "[[[[2.0], [3.0]]]]",
+    "ch09.merge_partials": "([2.5413], 2.0, 1.1353)",
+    "ch10.mean_pool": "[[2.0, 3.0]]",
+    "ch11.decode_mask": "[[True, True, True, False], [True, True, True, True]]",
+}
+
+
+def test_library_is_unavailable_while_the_reader_runs_and_restored_after():
+    spec = ce.spec("ch02.masked_softmax")
+    before = (ac.masked_softmax, lib_masked_softmax)
+    namespace = {"masked_softmax": ac.masked_softmax, "guarded_softmax": print, "other": torch.softmax}
+    with code_checks.unavailable(spec, namespace):
+        with pytest.raises(code_checks.NotForThisExercise, match="asks you to write the masked softmax yourself"):
+            ac.masked_softmax(torch.zeros(1, 1), None)
+        with pytest.raises(code_checks.NotForThisExercise):
+            namespace["masked_softmax"](torch.zeros(1, 1))
+        with pytest.raises(code_checks.NotForThisExercise):
+            namespace["guarded_softmax"]()
+        assert namespace["other"] is torch.softmax
+    assert (ac.masked_softmax, lib_masked_softmax) == before and namespace["guarded_softmax"] is print
+    with pytest.raises(ZeroDivisionError), code_checks.unavailable(spec, namespace):  # restored after an error
+        namespace["other"](torch.zeros(1) / 0, 0).item() / 0
+    assert ac.masked_softmax is before[0] and namespace["masked_softmax"] is before[0]
+
+
+@pytest.mark.parametrize("key", ce.EXERCISES)
+def test_every_unavailable_name_exists(key):
+    for path in ce.spec(key).unavailable:
+        assert callable(code_checks._resolve(path)[2]), path
+
+
+def test_report_grammar_and_first_difference():
+    def one_off(hidden, mask):  # right everywhere but at one position
+        m = mask.to(hidden.dtype)[..., None]  # (B, L, 1)
+        out = (hidden * m).sum(1) / m.sum(1)
+        out[0, 0] += 1
+        return out
+
+    report = code_checks.check_function(one_off, ce.spec("ch10.mean_pool"))
+    assert "values differ at 1 position of 2; the first at index (0, 0): expected 2, got 3" in report.message
+
+
+def test_dtype_named_by_the_statement_is_checked():
+    report = code_checks.check_function(_ch07_float32, ce.spec("ch07.rope"))
+    assert "dtype torch.float32, but the statement asks for x's dtype (torch.float64)" in report.message
+
+
+def test_exercises_module_still_offers_the_checker():
+    assert exercises.check_function is code_checks.check_function and exercises.FunctionSpec is code_checks.FunctionSpec
+    assert exercises.CORRECT == code_checks.CORRECT and exercises.NOT_YET == code_checks.NOT_YET
+    assert exercises.check_exercise(lambda L, S, w: ce._decode(L, S, w), "ch11.decode_mask").passed
+    with pytest.raises(KeyError, match="ch07.rope"):
+        ce.spec("ch07.nope")
+
+
+@pytest.mark.parametrize("key", ce.EXERCISES)
+def test_notebook_checks_with_this_spec_in_one_cell_after_the_stub(key):
+    cells = _cells(key)
+    name = key.split(".")[1]
+    stub = next(i for i, c in enumerate(cells) if c["cell_type"] == "code" and f"def {name}(" in "".join(c["source"])
+                and "raise NotImplementedError" in "".join(c["source"]))
+    checker = "".join(cells[stub + 1]["source"])
+    assert cells[stub + 1]["cell_type"] == "code" and f'exercises.check_exercise({name}, "{key}")' in checker
+    everything = "\n".join("".join(c["source"]) for c in cells)
+    assert "prove_checker(" not in everything, f"{key}: a proof cell feeding the checker wrong answers remains"
+
+
+def test_chapter_9_partial_softmax_is_the_one_the_checker_uses():
+    stub = next("".join(c["source"]) for c in _cells("ch09.merge_partials")
+                if "def partial_softmax(" in "".join(c["source"]))
+    namespace = {"torch": torch}
+    exec(compile(stub, "<ch09 stub>", "exec"), namespace)  # noqa: S102 - the book's own code
+    s, v = torch.tensor([0.5, -2.0, 3.0], dtype=torch.float64), torch.arange(6, dtype=torch.float64).view(3, 2)
+    for a, b in zip(namespace["partial_softmax"](s, v), ce.partial_softmax(s, v)):
+        assert torch.equal(a, b)
