@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attention_core.backends import AttentionInputs, cuda_flash, cuda_kernels
+from attention_core.backends import AttentionInputs, cuda_flash, cuda_kernels, fused_checks
 from attention_core.backends.fused_checks import cuda_available, cuda_supports
 
 
@@ -125,6 +125,8 @@ def test_unavailable_without_gpu_says_why() -> None:
 def test_supports_reasons() -> None:
     mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
     assert "attn_mask" in cuda_supports(_inputs(attn_mask=mask))
+    assert "window" not in cuda_supports(_inputs(attn_mask=mask))  # unlike Triton, no window of its own
+    assert "window=" in fused_checks.triton_supports(_inputs(attn_mask=mask))
     assert "dropout" in cuda_supports(_inputs(dropout_p=0.5))
     assert "CUDA" in cuda_supports(_inputs())  # CPU tensors
 

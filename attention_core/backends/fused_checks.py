@@ -47,13 +47,14 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _common_reasons(inputs: AttentionInputs) -> Optional[str]:
-    """Why neither fused kernel can take these inputs (shared by both), or ``None``."""
+def _common_reasons(inputs: AttentionInputs, window_hint: bool = False) -> Optional[str]:
+    """Why neither fused kernel can take these inputs (shared by both), or ``None``.
+
+    ``window_hint``: the kernel has a sliding window of its own (Triton's ``flash_attention(..., window=)``).
+    """
     if inputs.attn_mask is not None:
-        return (
-            "it takes no attn_mask (only is_causal; a sliding window through its own flash_attention(..., "
-            "window=)); use 'torch' or 'chunked' for an arbitrary mask"
-        )
+        own = "; a sliding window through its own flash_attention(..., window=)" if window_hint else ""
+        return f"it takes no attn_mask (only is_causal{own}); use 'torch' or 'chunked' for an arbitrary mask"
     if inputs.dropout_p > 0:
         return f"it has no dropout (dropout_p={inputs.dropout_p}); use 'torch' or 'reference'"
     if inputs.query.dtype not in _FLOATS:
@@ -141,7 +142,7 @@ def triton_worth_choosing(inputs: AttentionInputs) -> bool:
 
 def triton_supports(inputs: AttentionInputs) -> Optional[str]:
     """``None`` if the Triton kernel can compute these inputs, else why not."""
-    reason = _common_reasons(inputs)
+    reason = _common_reasons(inputs, window_hint=True)
     if reason is not None:
         return reason
     B, Hq = inputs.query.shape[0], inputs.query.shape[1]
