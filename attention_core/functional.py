@@ -194,7 +194,8 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
 
     Args:
         scores: floating tensor with at least one dim, e.g. (..., L, S).
-        mask: ``None``; bool, True = keep; or float, added to ``scores`` (cast to its dtype). Must broadcast
+        mask: ``None``; bool, True = keep; or float, added to ``scores`` in the compute precision (float32
+            for float16/bfloat16 scores, whose result is cast back; else the scores' dtype). Must broadcast
             to ``scores.shape``.
         dim: the dimension that sums to 1.
 
@@ -215,9 +216,12 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
         check_same_device(scores=scores, mask=mask)
         check_mask_broadcasts(mask, "mask", scores.shape, "scores.shape")
         if mask.dtype != torch.bool:
-            mask = mask.to(scores.dtype)
+            dtype = scores.dtype
+            compute = compute_dtype(dtype)
+            scores, mask = scores.to(compute), mask.to(compute)
             # a removed entry is never read: -inf wins over a NaN or +inf score (scores + mask alone gives NaN)
-            scores, mask = (scores + mask).masked_fill(mask == float("-inf"), float("-inf")), None
+            scores = (scores + mask).masked_fill(mask == float("-inf"), float("-inf"))
+            return _reference.softmax_with_mask(scores, None, dim).to(dtype)
     return _reference.softmax_with_mask(scores, mask, dim)
 
 
@@ -230,7 +234,7 @@ class _Prepared(NamedTuple):
     query: torch.Tensor  # (B, Hq, L, E)
     key: torch.Tensor  # (B, H, S, E)
     value: torch.Tensor | None  # (B, H, S, Ev)
-    attn_mask: torch.Tensor | None  # 4-D, broadcasts to (B, Hq, L, S); bool or query's dtype
+    attn_mask: torch.Tensor | None  # 4-D, broadcasts to (B, Hq, L, S); bool or the compute dtype
     dropout_p: float
     scale: float
     lead: tuple[int, ...]  # the broadcast leading dims "..., Hq" of the output
@@ -357,9 +361,18 @@ def _to_4d(x: torch.Tensor, lead: tuple[int, ...], enable_gqa: bool) -> torch.Te
     return x.reshape(math.prod(batch), head, x.shape[-2], x.shape[-1])  # (..., H, N, E) -> (B, H, N, E)
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype scores are computed and masks are added in: float32 for float16/bfloat16, else ``dtype``.
+
+    As torch's SDPA does on the CPU: a float32 mask entry of 7e4 next to float16 inputs stays 7e4 (cast to
+    float16 first it would become inf, and the row NaN), and a bfloat16 query keeps a float32 mask's digits."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _mask_to_4d(mask: torch.Tensor, lead: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A mask broadcastable to (*lead, L, S) -> 4-D, broadcastable to (B, Hq, L, S); L, S never expanded."""
-    mask = mask if mask.dtype == torch.bool else mask.to(dtype)
+    """A mask broadcastable to (*lead, L, S) -> 4-D, broadcastable to (B, Hq, L, S); L, S never expanded.
+    A float mask comes back in the compute dtype of a query of ``dtype`` (see :func:`compute_dtype`)."""
+    mask = mask if mask.dtype == torch.bool else mask.to(compute_dtype(dtype))  # added in the compute precision
     mask = mask.reshape((1,) * (len(lead) + 2 - mask.dim()) + tuple(mask.shape))  # left-pad with 1s
     if len(lead) < 2:
         return mask.reshape((1,) * (2 - len(lead)) + tuple(mask.shape))  # (h?, L, S) -> (1, h, L, S)
@@ -376,7 +389,7 @@ def _nonfinite(
     """The non-finite policy (see :func:`scaled_dot_product_attention`) on canonical inputs: ``(p, None)``
     after one check when every input is finite, else the inputs with their bad entries zeroed and the NaN to
     add to the results. ``query``, ``key``, ``value`` are the user's tensors, checked before any broadcast;
-    the mask is checked after its cast to the query's dtype (a large float32 bias may have become inf)."""
+    the mask is checked in its compute dtype."""
     if p.query.device.type == "meta" or all_finite(query, key, value, p.attn_mask):
         return p, None
     q, k, v, mask, poison = clean_and_poison(p.query, p.key, p.value, p.attn_mask, is_causal)

@@ -338,13 +338,23 @@ class DecoderLM(nn.Module):
 
 def build_language_model(config: Dict[str, Any]) -> DecoderLM:
     """A :class:`DecoderLM` from a config dict (its keys are the constructor's arguments, plus ``seed`` for the
-    initialisation); the model keeps the dict as ``model.config`` so that checkpoints can rebuild it."""
+    initialisation); the model keeps the dict as ``model.config`` so that checkpoints can rebuild it.
+
+    With a ``seed``, the weights are drawn from a generator seeded with it inside :func:`torch.random.fork_rng`:
+    torch's global generator is left exactly as it was (loading a checkpoint does not reseed the caller's
+    random numbers). Without one, the initialisation draws from the global generator, as ``nn.Linear`` does."""
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict, got {type(config).__name__}")
     kwargs = {k: v for k, v in config.items() if k != "seed"}
-    if "seed" in config:
-        torch.manual_seed(config["seed"])
-    model = DecoderLM(**kwargs)
+    if "seed" not in config:
+        model = DecoderLM(**kwargs)
+    else:
+        seed = config["seed"]
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"config['seed'] must be an int, got {type(seed).__name__} {seed!r}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = DecoderLM(**kwargs)
     model.config = dict(config)
     return model
 

@@ -8,8 +8,9 @@ and receives *canonical* inputs, already validated by :func:`attention_core.scal
 
 - ``query`` (B, Hq, L, E), ``key`` (B, H, S, E), ``value`` (B, H, S, Ev), one floating dtype, one device;
   ``Hq % H == 0``, and ``H == Hq`` unless ``enable_gqa``;
-- ``attn_mask`` is ``None`` or 4-D and broadcasts to (B, Hq, L, S); bool (True = takes part) or in the
-  query's dtype (added to the scores); never given together with ``is_causal``;
+- ``attn_mask`` is ``None`` or 4-D and broadcasts to (B, Hq, L, S); bool (True = takes part) or float in the
+  compute dtype (float32 for float16/bfloat16 queries, else the query's dtype), added to the scores in that
+  precision, as torch's SDPA does; never given together with ``is_causal``;
 - ``scale`` is a positive float (the default ``1/sqrt(E)`` is already filled in).
 
 A fully masked query row gives zeros in every backend.

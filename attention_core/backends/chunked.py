@@ -10,7 +10,8 @@ rescale them whenever a new tile raises the max:
 Exponentials are taken base 2, as in FlashAttention and the Triton tutorial: ``log2(e)`` is folded into the
 score scale once per query tile, so ``exp(x) = exp2(x * log2(e))`` costs no extra pass, and ``exp2`` is the
 cheaper instruction (torch's ``exp2_`` takes a fraction of the time of ``exp_`` on x86 CPUs). The running max
-and the log-sum-exp live in base-2 units inside the loops; ``lse`` is stored in natural units.
+and the log-sum-exp live in base-2 units inside the loops (natural units when a float mask is added: see
+``_Tiles``); ``lse`` is stored in natural units.
 
 The backward recomputes each tile's probabilities from the saved log-sum-exp ``lse = m + log(l)``
 (``p = exp(s - lse)``), as FlashAttention-2 does, so neither pass holds more than one tile of scores at a
@@ -113,7 +114,13 @@ class _Tiles:
             attn_mask = ~attn_mask  # bool: True = hidden from here on, inverted once rather than per tile
         self.mask = None if attn_mask is None else _mask_5d(attn_mask, H, self.G)
         self.is_causal, self.scale = is_causal, scale
-        self.scale2 = scale * _LOG2E  # scores in base-2 units: exp(scale * q.k) == exp2(scale2 * q.k)
+        # Scores in base-2 units (exp(scale * q.k) == exp2(scale2 * q.k)), except with a float mask: it is added
+        # as given, in natural units, because scaling it by log2(e) would overflow a finite mask such as
+        # finfo(float32).min to -inf, and a row of such entries would turn from uniform (the reference's answer)
+        # into zeros. Those tiles use exp and log instead of exp2 and log2; the loops read the unit from here.
+        self.natural = attn_mask is not None and attn_mask.is_floating_point()
+        self.unit = 1.0 if self.natural else _LOG2E  # score units per natural unit
+        self.scale2 = scale * self.unit
         self.block_q, self.block_k = block_q, block_k
         bq, bk = min(block_q, L), min(block_k, S)  # the largest tile
         if is_causal:
@@ -151,7 +158,7 @@ class _Tiles:
         return out
 
     def scores(self, q_tile, h0: int, h1: int, r0: int, r1: int, s0: int, s1: int, out) -> torch.Tensor:
-        """Masked scores of one tile in base-2 units (q_tile carries ``scale2``), written into ``out``."""
+        """Masked scores of one tile in the tiles' units (q_tile carries ``scale2``), written into ``out``."""
         s = torch.bmm(q_tile, self.k_t[h0:h1, :, s0:s1], out=out)  # (hb, G*bl, E) @ (hb, E, bs) -> (hb, G*bl, bs)
         s4 = s.view(h1 - h0, self.G, r1 - r0, s1 - s0)  # (hb, G*bl, bs) -> (hb, G, bl, bs)
         if self.mask is not None:
@@ -159,7 +166,7 @@ class _Tiles:
             if m.dtype == torch.bool:
                 s4.masked_fill_(m, _NEG_INF)  # m is True where a key is hidden
             else:
-                s4.add_(m, alpha=_LOG2E)  # an additive mask in base-2 units, like the scores
+                s4.add_(m)  # an additive mask: the scores are in natural units here (see ``natural``)
         if self.is_causal and s1 - 1 > r0:  # the tile crosses the diagonal: hide keys j > i
             c0 = s0 - r0 + self.keys  # (self.keys is the band's bk)
             s4.masked_fill_(self.band[: r1 - r0, c0 : c0 + s1 - s0], _NEG_INF)  # (bl, bs), broadcast
@@ -177,6 +184,11 @@ class _Tiles:
             return m[h0 // self.H, h0 % self.H][None]  # (1, Gm, bl?, bs?), a view
         pairs = torch.arange(h0, h1, device=m.device)
         return m[pairs // self.H, pairs % self.H]  # (hb, Gm, bl?, bs?): several short heads in one step
+
+
+def _exp_(x: torch.Tensor, natural: bool) -> torch.Tensor:
+    """``exp`` in place of scores in natural units, ``exp2`` of scores in base-2 units."""
+    return x.exp_() if natural else x.exp2_()
 
 
 def _mask_5d(mask: torch.Tensor, H: int, G: int) -> torch.Tensor:
@@ -209,8 +221,8 @@ def _forward_tiles(t: _Tiles, out: torch.Tensor, lse: torch.Tensor) -> None:
                 s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))  # (hb, n, bs)
                 torch.amax(s, dim=-1, keepdim=True, out=m_new)  # the tile's row max...
                 m_new = torch.maximum(m, m_new, out=m_new)  # ...and the running one, (hb, n, 1)
-                p = s.sub_(m_new).exp2_()  # (hb, n, bs), in place: the scores are not needed again
-                alpha = torch.sub(m, m_new, out=alpha).exp2_()  # rescales what was summed under the old max
+                p = _exp_(s.sub_(m_new), t.natural)  # (hb, n, bs), in place: the scores are not needed again
+                alpha = _exp_(torch.sub(m, m_new, out=alpha), t.natural)  # rescales what was summed before
                 denom = torch.addcmul(p.sum(dim=-1, keepdim=True), denom, alpha, out=denom)  # l * alpha + rowsum(p)
                 acc.mul_(alpha).baddbmm_(p, t.v[h0:h1, s0:s1])  # acc * alpha + (hb, n, bs) @ (hb, bs, Ev)
                 m, m_new = m_new, m  # the new max becomes the running one; the old one's buffer is reused
@@ -218,7 +230,8 @@ def _forward_tiles(t: _Tiles, out: torch.Tensor, lse: torch.Tensor) -> None:
             denom.masked_fill_(dead, 1.0)
             shape = (hb, t.G, r1 - r0)
             torch.div(acc.view(*shape, Ev), denom.view(*shape, 1), out=out[h0:h1, :, r0:r1])  # (hb, G, bl, Ev)
-            lse_tile = ((m + denom.log2()) * _LN2).masked_fill_(dead, float("inf"))  # (hb, n, 1), natural units
+            lse_tile = (m + denom.log()) if t.natural else (m + denom.log2()) * _LN2  # (hb, n, 1), natural units
+            lse_tile.masked_fill_(dead, float("inf"))
             lse[h0:h1, :, r0:r1] = lse_tile.view(*shape, 1)  # (hb, n, 1) -> (hb, G, bl, 1)
 
 
@@ -231,7 +244,7 @@ def _backward_tiles(
     dk = torch.zeros_like(t.k)  # (BH, S, E), summed over query tiles
     dv = torch.zeros_like(t.v)  # (BH, S, Ev)
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (BH, G, L, 1): rowsum(dO * O) = rowsum(P * dP)
-    lse2 = lse * _LOG2E  # (BH, G, L, 1), base-2 units like the scores
+    lse2 = lse * t.unit  # (BH, G, L, 1), in the scores' units (base 2 unless a float mask is given)
     n_max = t.heads * t.rows
     buf = _Scratch(t.q, q=n_max * E, do=n_max * Ev, lse=n_max, delta=n_max, dq=n_max * E,
                    s=n_max * t.keys, dp=n_max * t.keys)
@@ -249,7 +262,7 @@ def _backward_tiles(
             dq_tile = buf.take("dq", hb, n, E).zero_()  # (hb, n, E)
             for s0, s1 in t.key_tiles(r0, r1):
                 s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))
-                p = s.sub_(lse_tile).exp2_()  # (hb, n, bs), recomputed from the saved log-sum-exp
+                p = _exp_(s.sub_(lse_tile), t.natural)  # (hb, n, bs), recomputed from the saved log-sum-exp
                 dv_h[:, s0:s1].baddbmm_(p.transpose(1, 2), do_tile)  # += (hb, bs, n) @ (hb, n, Ev)
                 dp = torch.bmm(do_tile, v_t[:, :, s0:s1], out=buf.take("dp", hb, n, s1 - s0))  # (hb, n, bs)
                 ds = dp.sub_(delta_tile).mul_(p)  # (hb, n, bs): dS = P * (dP - delta)
@@ -257,7 +270,8 @@ def _backward_tiles(
                 dk_h[:, s0:s1].baddbmm_(ds.transpose(1, 2), q_tile)  # += (hb, bs, n) @ (hb, n, E), q * scale2
             shape = (hb, t.G, r1 - r0, E)
             torch.mul(dq_tile.view(shape), t.scale, out=dq[h0:h1, :, r0:r1])  # (hb, n, E) -> (hb, G, bl, E)
-    dk.mul_(_LN2)  # q_tile carried scale * log2(e); dK wants q * scale
+    if not t.natural:
+        dk.mul_(_LN2)  # q_tile carried scale * log2(e); dK wants q * scale
     return dq, dk, dv
 
 
@@ -335,7 +349,7 @@ def chunked_attention(
         key: (B, H, S, E), ``Hq % H == 0``.
         value: (B, H, S, Ev).
         attn_mask: ``None`` or 4-D, broadcastable to (B, Hq, L, S): bool (True = takes part) or float
-            (added), in the query's dtype; no gradient flows to it.
+            (added), float32 or the query's dtype; no gradient flows to it.
         is_causal: upper-left aligned causal mask; tiles above the diagonal are skipped.
         scale: score scale, default ``1/sqrt(E)``.
         enable_gqa: accepted for signature parity: GQA follows from ``Hq != H``.
