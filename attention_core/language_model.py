@@ -150,6 +150,28 @@ class KVCache:
         return sum(t.numel() * t.element_size() for store in (self.keys, self.values) for t in store
                    if t is not None)
 
+    @property
+    def batch_size(self) -> Optional[int]:
+        """B of the cached tensors, or ``None`` while the cache is empty (any batch may fill it)."""
+        k = self.keys[0]
+        return None if k is None else k.shape[0]
+
+    def reset(self) -> None:
+        """Forget every cached token (the cache may then take a batch of another size)."""
+        self.keys = [None] * self.num_layers
+        self.values = [None] * self.num_layers
+        self.seen = 0
+
+    def snapshot(self) -> Tuple[List[Optional[torch.Tensor]], List[Optional[torch.Tensor]], int]:
+        """The cache's state, to :meth:`restore` if a call fails half-way. Cheap: appends and evictions build new
+        tensors (``torch.cat``) and never write into cached ones, so holding the old references is enough."""
+        return list(self.keys), list(self.values), self.seen
+
+    def restore(self, state: Tuple[List[Optional[torch.Tensor]], List[Optional[torch.Tensor]], int]) -> None:
+        """Put back a :meth:`snapshot`: the cache is exactly as it was when it was taken."""
+        keys, values, seen = state
+        self.keys, self.values, self.seen = list(keys), list(values), seen
+
 
 # ------------------------------------------------------------------------------------------------ model
 
@@ -306,18 +328,61 @@ class DecoderLM(nn.Module):
         Returns:
             :class:`LMOutput`, logits (B, L, V).
         """
+        self._check_call(tokens, cache, window, need_weights)
+        if cache is None:
+            return self._forward(tokens, None, window, need_weights)
+        # Transactional: a call that raises (a backend that refuses, say, in a later layer than the first) leaves
+        # the cache exactly as it was, never with some layers appended and others not.
+        state = cache.snapshot()
+        try:
+            if cache.sinks and len(cache) + tokens.shape[1] > cache.capacity:
+                if need_weights:
+                    raise ValueError("need_weights=True with sinks: feed at most cache.capacity - len(cache) "
+                                     "tokens per call (the slots move while tokens are evicted)")
+                return self._forward_in_steps(tokens, cache)
+            return self._forward(tokens, cache, None, need_weights)
+        except BaseException:
+            cache.restore(state)
+            raise
+
+    def _check_call(self, tokens: torch.Tensor, cache: Optional[KVCache], window: Optional[int],
+                    need_weights: bool) -> None:
+        """Everything a call can be refused for, checked before any layer touches the cache."""
         check_tensor(tokens, "tokens")
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be a (B, L) integer tensor, got {tokens.dtype} {fmt_shape(tokens.shape)}")
         check_bool_flag(need_weights, "need_weights")
-        if cache is not None and window is not None:
+        V = self.vocab_size
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= V):
+            raise ValueError(f"tokens must be ids in [0, {V}) (vocab_size = {V}), got values from "
+                             f"{int(tokens.min())} to {int(tokens.max())}")
+        if tokens.device != self.embed.weight.device:
+            raise ValueError(f"tokens are on {tokens.device} but the model is on {self.embed.weight.device}")
+        L, max_len = tokens.shape[1], self.rotary.max_len
+        if cache is None:
+            if L > max_len:
+                raise ValueError(f"tokens has L = {L} positions but the model covers max_positions = {max_len}")
+            return
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache (model.new_cache()) or None, got {type(cache).__name__}")
+        if window is not None:
             raise ValueError("window is a property of the cache when a cache is given: build it with "
                              "model.new_cache(window=...)")
-        if cache is not None and cache.sinks and len(cache) + tokens.shape[1] > cache.capacity:
-            if need_weights:
-                raise ValueError("need_weights=True with sinks: feed at most cache.capacity - len(cache) tokens "
-                                 "per call (the slots move while tokens are evicted)")
-            return self._forward_in_steps(tokens, cache)
+        if cache.num_layers != self.num_layers:
+            raise ValueError(f"cache has num_layers = {cache.num_layers} but the model has {self.num_layers}; "
+                             "build it with model.new_cache()")
+        if cache.batch_size is not None and cache.batch_size != tokens.shape[0]:
+            raise ValueError(f"tokens has batch size B = {tokens.shape[0]} but the cache holds B = "
+                             f"{cache.batch_size} sequences; use one cache per batch (or cache.reset())")
+        needed = len(cache) + L  # the highest slot this call rotates by, plus one
+        if cache.sinks and needed > cache.capacity:  # type: ignore[operator]
+            needed = cache.capacity  # fed in steps that evict as they go: slots stay below the capacity
+        if needed > max_len:
+            raise ValueError(f"the cache holds {len(cache)} tokens and tokens adds L = {L}: slots up to "
+                             f"{needed - 1}, but the model covers max_positions = {max_len}")
+
+    def _forward(self, tokens: torch.Tensor, cache: Optional[KVCache], window: Optional[int],
+                 need_weights: bool) -> LMOutput:
         x = self.embed(tokens)  # (B, L) -> (B, L, D)
         weights = [] if need_weights else None
         for i, block in enumerate(self.blocks):
