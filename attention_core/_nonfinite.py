@@ -4,8 +4,8 @@ The policy and the argument for it are in that function's docstring. In short: a
 makes NaN exactly the output rows that read it, in every backend. Each backend is left to compute on clean
 inputs; this module finds the bad entries, zeroes them, and says which rows to turn into NaN afterwards::
 
-    all finite? (one sum per input, one synchronisation)  --yes-->  nothing to do (the common case)
-        | no
+    eager CPU tensors: all finite? (one sum per input)  --yes-->  nothing to do (the common case)
+        | no, or a GPU, torch.compile or a torch.func transform (no branch on a tensor's value there)
         v
     bad rows of q (B, Hq, L), of k and v (B, H, S); pairs the mask or is_causal lets each row read
     poisoned rows = (bad query | reads a bad key, value or mask entry) & reads at least one key
@@ -21,7 +21,7 @@ import torch
 
 from attention_core.masks import causal_mask
 
-__all__ = ["Poison", "all_finite", "clean_and_poison", "empty_result"]
+__all__ = ["Poison", "all_finite", "check_on_host", "clean_and_poison", "empty_result"]
 
 
 class Poison(NamedTuple):
@@ -33,19 +33,39 @@ class Poison(NamedTuple):
 
 def all_finite(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None, attn_mask: torch.Tensor | None
-) -> bool:
-    """No NaN or inf anywhere, except a float mask's -inf (it removes a key); one synchronisation.
+) -> torch.Tensor:
+    """A 0-d bool tensor: no NaN or inf anywhere, except a float mask's -inf (it removes a key).
 
     A sum is NaN or inf whenever one of its terms is, and it is one reduction with nothing allocated (an
     ``isfinite`` tensor costs several times more). A finite tensor whose sum overflows only sends the call
-    down the slower path, which then finds nothing to do.
+    down the slower path, which then finds nothing to do. Reading the answer as a Python bool is the caller's
+    choice (see :func:`check_on_host`): it is free for CPU tensors, a synchronisation on a GPU, and a graph break
+    under ``torch.compile`` or ``torch.func`` transforms.
     """
     sums = [t.sum(dtype=torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None)
             for t in (query, key, value) if t is not None and t.numel()]
     ok = torch.isfinite(torch.stack(sums)).all() if sums else torch.ones((), dtype=torch.bool)
     if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.numel():
         ok = ok & (attn_mask.amax() < math.inf)  # amax propagates NaN; NaN < inf and inf < inf are False
-    return bool(ok)
+    return ok
+
+
+def check_on_host(*tensors: torch.Tensor | None) -> bool:
+    """May the policy look at :func:`all_finite`'s answer in Python (and skip the cleaning when it is true)?
+
+    Only for eager CPU tensors: there the answer is already on the host (no synchronisation). On a GPU it would
+    stall the host until the kernels finish, and under ``torch.compile`` or ``torch.func.vmap``/``grad`` a
+    Python branch on a tensor's value cannot be traced: there the policy runs as tensor operations only
+    (:func:`clean_and_poison` on every call, whose NaN rows add zero when nothing is wrong).
+    """
+    if torch.compiler.is_compiling():
+        return False
+    for t in tensors:
+        if t is None:
+            continue
+        if t.device.type != "cpu" or torch._C._functorch.is_functorch_wrapped_tensor(t):
+            return False
+    return True
 
 
 def clean_and_poison(

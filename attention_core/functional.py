@@ -38,7 +38,7 @@ from attention_core._checks import (
     fmt_shape,
     short_repr,
 )
-from attention_core._nonfinite import Poison, all_finite, clean_and_poison, empty_result
+from attention_core._nonfinite import Poison, all_finite, check_on_host, clean_and_poison, empty_result
 from attention_core.backends import AttentionInputs, resolve_backend
 from attention_core.backends import reference as _reference
 
@@ -390,8 +390,10 @@ def _nonfinite(
     after one check when every input is finite, else the inputs with their bad entries zeroed and the NaN to
     add to the results. ``query``, ``key``, ``value`` are the user's tensors, checked before any broadcast;
     the mask is checked in its compute dtype."""
-    if p.query.device.type == "meta" or all_finite(query, key, value, p.attn_mask):
+    if p.query.device.type == "meta":
         return p, None
+    if check_on_host(query, key, value, p.attn_mask) and bool(all_finite(query, key, value, p.attn_mask)):
+        return p, None  # the common case, decided on the host at no cost; elsewhere, tensor operations only
     q, k, v, mask, poison = clean_and_poison(p.query, p.key, p.value, p.attn_mask, is_causal)
     return p._replace(query=q, key=k, value=v, attn_mask=mask), poison
 

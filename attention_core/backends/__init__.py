@@ -114,8 +114,13 @@ class Backend:
     auto_ok: Callable[[AttentionInputs], bool] = lambda inputs: True
 
     def load(self) -> Callable[..., torch.Tensor]:
-        """Import the implementation (once; Python caches modules) and return its function."""
-        return getattr(importlib.import_module(self.module), self.function)
+        """Import the implementation (once) and return its function; later calls read a dict, which
+        ``torch.compile`` traces (it will not trace ``importlib``)."""
+        fn = _LOADED.get((self.module, self.function))
+        if fn is None:
+            fn = getattr(importlib.import_module(self.module), self.function)
+            _LOADED[(self.module, self.function)] = fn
+        return fn
 
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
         """Run the implementation on canonical inputs; returns (B, Hq, L, Ev)."""
@@ -127,6 +132,7 @@ class Backend:
 
 
 _REGISTRY: dict[str, Backend] = {}
+_LOADED: dict[tuple[str, str], Callable[..., torch.Tensor]] = {}  # (module, function) -> the function
 _CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention_backend", default=None)
 
 #: The automatic choice tries these in order and takes the first that is available and supports the inputs.
@@ -305,3 +311,7 @@ register_backend(Backend(
     "attention_core.backends.cuda_flash", fused_checks.cuda_available, fused_checks.cuda_supports,
     runs_on=lambda device_type: device_type == "cuda",
 ))
+# The backends written in plain torch import nothing heavy: load them now, so that a first call made under
+# torch.compile finds them without an import.
+for _name in ("reference", "torch", "chunked"):
+    _REGISTRY[_name].load()

@@ -38,16 +38,17 @@ measurements are in ``benchmarks/NOTES.md``), as PyTorch's own C++ kernel does:
 - **Causal tiles end at the diagonal.** A query tile visits the key tiles up to its own last row, and the
   one tile the diagonal crosses takes its mask as a slice of one band made once per call.
 
-Layout, as in the Triton tutorial: tile loops -> launcher (validate, allocate) -> ``torch.autograd.Function``
--> public function. Dropout is not supported (the registry says so before a call gets here).
+Layout, as in the Triton tutorial: tile loops -> launcher (validate, allocate) -> a custom operator with its
+autograd, fake (shapes for ``torch.compile``) and vmap rules -> public function. Dropout is not supported
+(the registry says so before a call gets here).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "POISON_OUTPUTS", "attention", "chunked_attention"]
 
@@ -300,28 +301,82 @@ def _launch_forward(query, key, value, attn_mask, is_causal, scale, block_q, blo
     return t, out, lse
 
 
-class _ChunkedAttention(torch.autograd.Function):
-    """Forward by online softmax over tiles; backward recomputes each tile from the saved log-sum-exp."""
+# A custom operator (as flash-attn registers its kernels): torch.compile sees one opaque call with a fake
+# implementation that gives the output shapes, instead of tracing the tile loops; autograd and vmap rules are
+# registered beside it. The forward returns the output in the compute dtype (the backward reads it) and lse.
 
-    @staticmethod
-    def forward(ctx, query, key, value, attn_mask, is_causal, scale, block_q, block_k):
-        t, out, lse = _launch_forward(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
-        ctx.save_for_backward(query, key, value, attn_mask, out, lse)
-        ctx.config = (is_causal, scale, block_q, block_k)
-        B, Hq, L, Ev = query.shape[0], query.shape[1], query.shape[2], value.shape[-1]
-        return out.to(query.dtype).view(B, Hq, L, Ev)  # (B*H, G, L, Ev) -> (B, Hq, L, Ev)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        query, key, value, attn_mask, out, lse = ctx.saved_tensors
-        t = _Tiles(query, key, value, attn_mask, *ctx.config)
-        grad_out = grad_out.to(t.dtype).reshape(out.shape)  # (B, Hq, L, Ev) -> (B*H, G, L, Ev)
-        dq, dk, dv = _backward_tiles(t, grad_out, out, lse)
-        dq = dq.to(query.dtype).view(query.shape)  # (B*H, G, L, E) -> (B, Hq, L, E)
-        dk = dk.to(key.dtype).view(key.shape)  # (B*H, S, E) -> (B, H, S, E)
-        dv = dv.to(value.dtype).view(value.shape)  # (B*H, S, Ev) -> (B, H, S, Ev)
-        return dq, dk, dv, None, None, None, None, None
+@torch.library.custom_op("attention_core::chunked_forward", mutates_args=())
+def _forward_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                is_causal: bool, scale: float, block_q: int, block_k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(B, Hq, L, Ev) in the compute dtype, and lse (B*H, G, L, 1)."""
+    _, out, lse = _launch_forward(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+    B, Hq, L, Ev = query.shape[0], query.shape[1], query.shape[2], value.shape[-1]
+    return out.view(B, Hq, L, Ev), lse  # (B*H, G, L, Ev) -> (B, Hq, L, Ev)
+
+
+@_forward_op.register_fake
+def _(query, key, value, attn_mask, is_causal, scale, block_q, block_k):
+    B, Hq, L, _ = query.shape
+    H, dt = key.shape[1], _compute_dtype(query.dtype)
+    return (query.new_empty((B, Hq, L, value.shape[-1]), dtype=dt),
+            query.new_empty((B * H, Hq // max(H, 1), L, 1), dtype=dt))
+
+
+@torch.library.custom_op("attention_core::chunked_backward", mutates_args=())
+def _backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attn_mask: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, is_causal: bool,
+                 scale: float, block_q: int, block_k: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients for query, key, value, in their dtypes."""
+    t = _Tiles(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+    out = out.reshape(lse.shape[:3] + out.shape[-1:])  # (B, Hq, L, Ev) -> (B*H, G, L, Ev)
+    grad_out = grad_out.to(t.dtype).reshape(out.shape)  # (B, Hq, L, Ev) -> (B*H, G, L, Ev)
+    dq, dk, dv = _backward_tiles(t, grad_out, out, lse)
+    return (dq.to(query.dtype).reshape(query.shape),  # (B*H, G, L, E) -> (B, Hq, L, E)
+            dk.to(key.dtype).reshape(key.shape),  # (B*H, S, E) -> (B, H, S, E)
+            dv.to(value.dtype).reshape(value.shape))  # (B*H, S, Ev) -> (B, H, S, Ev)
+
+
+@_backward_op.register_fake
+def _(grad_out, query, key, value, attn_mask, out, lse, is_causal, scale, block_q, block_k):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    query, key, value, attn_mask, is_causal, scale, block_q, block_k = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, attn_mask, out, lse)
+    ctx.config = (is_causal, scale, block_q, block_k)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, attn_mask, out, lse = ctx.saved_tensors
+    dq, dk, dv = _backward_op(grad_out, query, key, value, attn_mask, out, lse, *ctx.config)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _fold(x: Optional[torch.Tensor], dim: Optional[int], n: int, lead: int) -> Optional[torch.Tensor]:
+    """vmap's dim of ``x`` (or a new one of size ``n``) folded into its first dim, grown to ``lead`` first."""
+    if x is None:
+        return None
+    x = x.unsqueeze(0).expand(n, *x.shape) if dim is None else x.movedim(dim, 0)  # (n, d0, ...)
+    x = x.expand(n, lead, *x.shape[2:]) if x.shape[1] != lead else x  # a broadcast dim 0 of a mask
+    return x.reshape(n * lead, *x.shape[2:])  # (n, d0, ...) -> (n * d0, ...)
+
+
+def _forward_vmap(info, in_dims, query, key, value, attn_mask, is_causal, scale, block_q, block_k):
+    """vmap: the mapped dim joins the batch, (n, B, ...) -> (n * B, ...), one call, then split again."""
+    n, dq, dk, dv, dm = info.batch_size, *in_dims[:4]
+    B = (query.shape[1:] if dq is not None else query.shape)[0]
+    q, k, v = (_fold(t, d, n, B) for t, d in ((query, dq), (key, dk), (value, dv)))
+    out, lse = _forward_op(q, k, v, _fold(attn_mask, dm, n, B), is_causal, scale, block_q, block_k)
+    return (out.unflatten(0, (n, B)), lse.unflatten(0, (n, -1))), (0, 0)
+
+
+torch.library.register_vmap("attention_core::chunked_forward", _forward_vmap)
 
 
 # ---------------------------------------------------------------------------------------------- public
@@ -359,8 +414,12 @@ def chunked_attention(
     Returns:
         (B, Hq, L, Ev) in the query's dtype; fully masked rows are zeros.
     """
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"{name} must be a positive int, got {b!r}")
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    return _ChunkedAttention.apply(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+    out, _ = _forward_op(query, key, value, attn_mask, is_causal, float(scale), block_q, block_k)
+    return out.to(query.dtype)
 
 
 def attention(
