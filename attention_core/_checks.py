@@ -87,12 +87,14 @@ def check_same_device(**tensors: torch.Tensor) -> None:
     _check_same("device", ValueError, tensors, "be on the device of", "{n} on {v}")
 
 
-def check_dropout(p: object, name: str = "dropout_p") -> float:
-    """Return ``p`` as a float in ``[0, 1)``; raise otherwise (``p = 1`` would divide by zero)."""
+def check_dropout(p: object, name: str = "dropout_p", *, allow_one: bool = False) -> float:
+    """Return ``p`` as a float in ``[0, 1)`` (``[0, 1]`` with ``allow_one``: every weight dropped, as torch's
+    SDPA and ``F.dropout`` allow, which give zeros); raise otherwise."""
+    interval = "[0, 1]" if allow_one else "[0, 1)"
     if not _is_real(p):
-        raise TypeError(f"{name} must be a float in [0, 1), got {type(p).__name__} {short_repr(p)}")
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {short_repr(p)}")
+        raise TypeError(f"{name} must be a float in {interval}, got {type(p).__name__} {short_repr(p)}")
+    if not (0.0 <= p < 1.0 or (allow_one and p == 1.0)):
+        raise ValueError(f"{name} must be in {interval}, got {short_repr(p)}")
     return float(p)
 
 
@@ -116,15 +118,19 @@ def check_positive_float(x: object, name: str, *, allow_zero: bool = False) -> f
     return value
 
 
-def check_scale(scale: object, name: str = "scale") -> float | None:
-    """Return ``scale`` as a float (or ``None``); raise unless it is a positive, finite number."""
+def check_scale(scale: object, name: str = "scale", *, positive: bool = True) -> float | None:
+    """Return ``scale`` as a float (or ``None``); raise unless it is a finite number, > 0 if ``positive``
+    (SDPA itself takes any finite scale, as torch's does: 0 gives uniform weights, a negative one reverses
+    the ranking)."""
+    kind = "a positive" if positive else "a finite"
     if scale is None:
         return None
     if not _is_real(scale):
-        raise TypeError(f"{name} must be a positive float or None, got {type(scale).__name__} {short_repr(scale)}")
+        raise TypeError(f"{name} must be {kind} float or None, got {type(scale).__name__} {short_repr(scale)}")
     value = real_to_float(scale)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive, finite float or None, got {short_repr(scale)}")
+    if not (math.isfinite(value) and (value > 0 or not positive)):
+        raise ValueError(f"{name} must be {kind}{', finite' if positive else ''} float or None, "
+                         f"got {short_repr(scale)}")
     return value
 
 

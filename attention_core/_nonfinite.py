@@ -101,7 +101,7 @@ def clean_and_poison(
         alive = reads.amax(-1, keepdim=True) > 0  # (Bm?, Hm?, Lm?, 1): the row reads at least one key
         reads_bad = _reads_bad(reads, bad_kv) > 0  # (B, Hq, Lm?, c)
     poison_w = bad_q | reads_bad[..., :1]  # (B, Hq, L, 1): a bad query, or it reads a bad key
-    if float_mask:
+    if float_mask and attn_mask.shape[-1]:
         poison_w = poison_w | ~(attn_mask.amax(-1, keepdim=True) < math.inf)  # NaN or +inf in the row's mask
     poison_w = poison_w & alive
     poison_out = poison_w | (reads_bad[..., -1:] & alive) if value is not None else poison_w

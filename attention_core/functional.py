@@ -87,9 +87,11 @@ def scaled_dot_product_attention(
         value: (..., H, S, Ev), query's dtype and device.
         attn_mask: ``None``; bool (True = the pair takes part); or float, added to the scores (bool, float32
             or the query's dtype). Must broadcast to (..., Hq, L, S). Not together with ``is_causal``.
-        dropout_p: dropout probability on the weights, in [0, 1); kept weights are scaled by 1/(1-p).
+        dropout_p: dropout probability on the weights, in [0, 1]; kept weights are scaled by 1/(1-p) (p = 1
+            drops them all: zeros, as torch gives).
         is_causal: mask with ``tril(ones(L, S))`` (upper-left aligned: query i sees keys 0..i).
-        scale: multiplies the scores; default ``1/sqrt(E)``.
+        scale: multiplies the scores, any finite float (0 gives uniform weights; negative reverses the
+            ranking, as in torch); default ``1/sqrt(E)``.
         enable_gqa: grouped-query attention: key/value head h serves query heads h*G .. h*G+G-1, G = Hq/H.
             Without it, leading dims (heads included) broadcast as in ``torch.matmul``.
         backend: a name from :func:`attention_core.available_backends`; ``None`` uses the
@@ -268,8 +270,8 @@ def _prepare(
     check_same_device(**named)
     check_bool_flag(is_causal, "is_causal")
     check_bool_flag(enable_gqa, "enable_gqa")
-    dropout_p = check_dropout(dropout_p)
-    scale = check_scale(scale)
+    dropout_p = check_dropout(dropout_p, allow_one=True)  # torch's ranges: p = 1 drops every weight
+    scale = check_scale(scale, positive=False)  # any finite scale, as torch takes
     min_rank, layout = (3, "(..., H, N, E) with enable_gqa=True") if enable_gqa else (2, "(..., N, E)")
     for name, t in named.items():
         check_min_rank(t, name, min_rank, layout)
@@ -345,7 +347,7 @@ def _broadcast_lead(named: dict, enable_gqa: bool) -> tuple[int, ...]:
         if H != Hv and 1 not in (H, Hv):
             raise ValueError(f"key and value must have the same number of heads (dim -3): got {shapes}")
         if Hq != H and 1 not in (Hq, H):
-            hint = "pass enable_gqa=True" if Hq % H == 0 else f"Hq must be a multiple of H={H} for GQA"
+            hint = "pass enable_gqa=True" if H and Hq % H == 0 else f"Hq must be a multiple of H={H} for GQA"
             raise ValueError(
                 f"query has Hq={Hq} heads but key has H={H} (dim -3); for grouped-query attention {hint}: "
                 f"got {shapes}"

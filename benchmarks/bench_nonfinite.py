@@ -63,13 +63,13 @@ def main() -> None:
           f"torch {torch.__version__}; {args.threads} thread(s); B={B} H={H} L=S={L} E={E} float32; "
           f"{args.rounds} interleaved rounds, medians")
     for name, (mask, causal) in masks.items():
-        def sdpa(mask=mask, causal=causal):
+        def sdpa(mask=mask, causal=causal, q=q, k=k, v=v):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
-        def check(mask=mask):
+        def check(mask=mask, q=q, k=k, v=v):
             return bool(_nonfinite.all_finite(q, k, v, mask))
 
-        def tensor_path(mask=mask, causal=causal):
+        def tensor_path(mask=mask, causal=causal, q=q, k=k, v=v):
             q2, k2, v2, m2, poison = _nonfinite.clean_and_poison(q, k, v, mask, causal)
             return poison.out
 

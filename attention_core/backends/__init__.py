@@ -11,7 +11,7 @@ and receives *canonical* inputs, already validated by :func:`attention_core.scal
 - ``attn_mask`` is ``None`` or 4-D and broadcasts to (B, Hq, L, S); bool (True = takes part) or float in the
   compute dtype (float32 for float16/bfloat16 queries, else the query's dtype), added to the scores in that
   precision, as torch's SDPA does; never given together with ``is_causal``;
-- ``scale`` is a positive float (the default ``1/sqrt(E)`` is already filled in).
+- ``scale`` is a finite float, zero and negative included as in torch (the default ``1/sqrt(E)`` is already filled in).
 
 A fully masked query row gives zeros in every backend.
 
