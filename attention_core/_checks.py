@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
 
 import torch
@@ -225,3 +226,30 @@ def check_mask_broadcasts(mask: torch.Tensor, name: str, target: Shape, target_d
             f"{name} of shape {fmt_shape(mask.shape)} does not broadcast to the scores' shape "
             f"{target_desc} = {fmt_shape(target)}"
         )
+
+
+class TooLargeError(ValueError, MemoryError):
+    """A size that cannot fit, found before allocating anything: both a ``ValueError`` (a bad argument) and a
+    ``MemoryError`` (what allocating would have raised, after a long wait or the system's OOM killer)."""
+
+
+def _device_bytes(device: torch.device) -> int | None:
+    """Memory of ``device`` in bytes (physical memory for the CPU), or ``None`` when unknown."""
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):
+            return None
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return None
+
+
+def check_fits(nbytes: int, what: str, device: torch.device | str) -> None:
+    """Raise :class:`TooLargeError` naming ``what`` and its size when ``nbytes`` exceed the device's memory
+    (or what a tensor can index), instead of letting the allocation fail or swap."""
+    device = torch.device(device)
+    total = _device_bytes(device)
+    if nbytes > 2**63 - 1 or (total is not None and nbytes > total):
+        limit = "what a tensor can hold" if total is None else f"{total / 2**30:.1f} GiB of memory on {device}"
+        raise TooLargeError(f"{what} would take {nbytes / 2**30:,.1f} GiB, more than {limit}")

@@ -28,6 +28,7 @@ from attention_core._checks import (
     broadcast_or_none,
     check_bool_flag,
     check_dropout,
+    check_fits,
     check_floating,
     check_mask_broadcasts,
     check_min_rank,
@@ -116,7 +117,10 @@ def scaled_dot_product_attention(
     inputs = AttentionInputs(
         p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa
     )
-    out = resolve_backend(backend, inputs).run(inputs)  # (B, Hq, L, Ev)
+    chosen = resolve_backend(backend, inputs)
+    if chosen.name in _MATERIALISING:  # these build the (B, Hq, L, S) scores: refuse what cannot fit, up front
+        _check_scores_fit(p, _MATERIALISING[chosen.name], f"the {chosen.name!r} backend")
+    out = chosen.run(inputs)  # (B, Hq, L, Ev)
     if poison is not None:
         out = out + poison.out  # (B, Hq, L, Ev) + (B, Hq, L, 1): NaN in the poisoned rows, + 0 elsewhere
     return out.reshape(out_shape)  # (B, Hq, L, Ev) -> (..., Hq, L, Ev)
@@ -144,6 +148,7 @@ def attention_with_weights(
     L, S, Ev = p.query.shape[-2], p.key.shape[-2], p.value.shape[-1]
     if math.prod(p.lead) * L == 0:
         return empty_result((*p.lead, L, Ev), query, key, value), empty_result((*p.lead, L, S), query, key)
+    _check_scores_fit(p, None, "attention_with_weights")
     p, poison = _nonfinite(p, is_causal, query, key, value)
     out, weights = _reference.attention_with_weights(
         p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa
@@ -176,6 +181,7 @@ def attention_weights(
     L, S = p.query.shape[-2], p.key.shape[-2]
     if math.prod(p.lead) * L * S == 0:
         return empty_result((*p.lead, L, S), query, key)
+    _check_scores_fit(p, None, "attention_weights")
     p, poison = _nonfinite(p, is_causal, query, key, None)
     weights = _reference.attention_weights(p.query, p.key, p.attn_mask, is_causal, p.scale, enable_gqa)
     if poison is not None:
@@ -228,6 +234,20 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
 
 
 # ------------------------------------------------------------------------------------------- validation
+
+#: Backends that hold the whole (B, Hq, L, S) score matrix, and the bytes per score they compute in (None: the
+#: compute dtype's); each holds about two such matrices at once (the scores and the weights).
+_MATERIALISING = {"reference": None, "numpy": 8}
+
+
+def _check_scores_fit(p: _Prepared, bytes_per: int | None, who: str) -> None:
+    """Refuse, before allocating, a call whose (B, Hq, L, S) scores cannot fit in the device's memory."""
+    L, S = p.query.shape[-2], p.key.shape[-2]
+    per = bytes_per or torch.empty((), dtype=compute_dtype(p.query.dtype)).element_size()
+    n = math.prod(p.lead) * L * S
+    check_fits(2 * n * per, f"{who}'s (B, Hq, L, S) = ({math.prod(p.lead[:-1])}, {p.lead[-1] if p.lead else 1}, "
+               f"{L}, {S}) scores and weights", p.query.device if p.query.device.type != "meta" else "meta")
+
 
 
 class _Prepared(NamedTuple):

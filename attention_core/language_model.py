@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import check_bool_flag, check_floating, check_positive_int, check_tensor, fmt_shape
 from attention_core.functional import attention_with_weights, scaled_dot_product_attention
 from attention_core.masks import sliding_window_mask
 from attention_core.multihead import MultiHeadAttention
@@ -452,13 +452,27 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: Opt
     """One token per row of ``logits`` (B, V): greedy when ``temperature == 0``, else sampled from
     ``softmax(logits / temperature)`` restricted by ``top_k`` and ``top_p``. Returns (B,) int64."""
     check_tensor(logits, "logits")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be (B, V), got shape {fmt_shape(logits.shape)}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a float >= 0, got {temperature!r}")
+    if logits.dim() != 2 or logits.shape[1] == 0:
+        raise ValueError(f"logits must be (B, V) with V >= 1, got shape {fmt_shape(logits.shape)}")
+    check_floating(logits, "logits")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite float >= 0, got {temperature!r}")
+    if logits.numel():
+        if logits.isnan().any() or (logits == math.inf).any():
+            rows = (logits.isnan() | (logits == math.inf)).any(-1).nonzero().flatten().tolist()
+            raise ValueError(f"logits must hold no NaN or +inf (rows {rows[:5]} do): they give no distribution")
+        if (logits == -math.inf).all(-1).any():
+            rows = (logits == -math.inf).all(-1).nonzero().flatten().tolist()
+            raise ValueError(f"every logit of rows {rows[:5]} is -inf: nothing can be drawn")
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    scaled = logits.float() / temperature
+    if (torch.isfinite(logits) & ~torch.isfinite(scaled)).any():
+        # a tiny temperature overflowed (or is 0 in float32): divide the gaps to the row's best instead (the same
+        # softmax): the best stays at 0, the others go to -inf, and the draw tends to greedy as it should
+        gap = logits.float() - logits.float().amax(-1, keepdim=True)  # (B, V), <= 0
+        scaled = torch.where(gap == 0, 0.0, gap / temperature)
+    logits = scaled
     if top_k is not None:
         logits = filter_top_k(logits, top_k)
     if top_p is not None:

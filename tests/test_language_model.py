@@ -240,7 +240,7 @@ def test_generate_repeats_with_a_seed_and_cache_changes_nothing() -> None:
 
 def test_sampling_arguments_are_checked() -> None:
     logits = torch.randn(2, 5)
-    with pytest.raises(ValueError, match="temperature must be a float >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite float >= 0"):
         sample_next_token(logits, -1.0)
     with pytest.raises(ValueError, match="top_p must be a float in \\(0, 1\\]"):
         filter_top_p(logits, 1.5)
