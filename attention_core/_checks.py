@@ -233,14 +233,21 @@ class TooLargeError(ValueError, MemoryError):
     ``MemoryError`` (what allocating would have raised, after a long wait or the system's OOM killer)."""
 
 
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+_CPU_BYTES = _physical_memory()  # read once, at import: torch.compile does not trace os.sysconf
+
+
 def _device_bytes(device: torch.device) -> int | None:
     """Memory of ``device`` in bytes (physical memory for the CPU), or ``None`` when unknown."""
     if device.type == "cpu":
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, ValueError, OSError):
-            return None
-    if device.type == "cuda":
+        return _CPU_BYTES
+    if device.type == "cuda" and not torch.compiler.is_compiling():
         return torch.cuda.get_device_properties(device).total_memory
     return None
 
