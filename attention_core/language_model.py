@@ -353,11 +353,11 @@ class DecoderLM(nn.Module):
             raise ValueError(f"tokens must be a (B, L) integer tensor, got {tokens.dtype} {fmt_shape(tokens.shape)}")
         check_bool_flag(need_weights, "need_weights")
         V = self.vocab_size
+        if tokens.device != self.embed.weight.device:
+            raise ValueError(f"tokens are on {tokens.device} but the model is on {self.embed.weight.device}")
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= V):
             raise ValueError(f"tokens must be ids in [0, {V}) (vocab_size = {V}), got values from "
                              f"{int(tokens.min())} to {int(tokens.max())}")
-        if tokens.device != self.embed.weight.device:
-            raise ValueError(f"tokens are on {tokens.device} but the model is on {self.embed.weight.device}")
         L, max_len = tokens.shape[1], self.rotary.max_len
         if cache is None:
             if L > max_len:
@@ -455,6 +455,8 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: Opt
     if logits.dim() != 2 or logits.shape[1] == 0:
         raise ValueError(f"logits must be (B, V) with V >= 1, got shape {fmt_shape(logits.shape)}")
     check_floating(logits, "logits")
+    if logits.device.type == "meta":
+        raise ValueError("logits is a meta tensor: it has no values to sample from")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
         raise ValueError(f"temperature must be a finite float >= 0, got {temperature!r}")
     if logits.numel():

@@ -161,10 +161,10 @@ class MultiHeadLatentAttention(nn.Module):
         if x.dtype != weight.dtype or x.device != weight.device:
             raise TypeError(f"x must have the module's dtype and device ({weight.dtype} on {weight.device}), got "
                             f"{x.dtype} on {x.device}; convert one (module.to(x.dtype) or x.to(...))")
+        if cache is not None and not isinstance(cache, LatentCache):
+            raise TypeError(f"cache must be a LatentCache or None, got {type(cache).__name__}")
         past = 0 if cache is None else len(cache)
         if cache is not None:
-            if not isinstance(cache, LatentCache):
-                raise TypeError(f"cache must be a LatentCache or None, got {type(cache).__name__}")
             if cache.batch_size is not None and cache.batch_size != x.shape[0]:
                 raise ValueError(f"x has batch size B = {x.shape[0]} but the cache holds B = {cache.batch_size} "
                                  "sequences; use one cache per batch (or cache.reset())")
