@@ -432,6 +432,12 @@ def _mla24(dtype=torch.float32):
     return MultiHeadLatentAttention(16, 2, 8, kv_latent_dim=8, rope_dim=4, max_positions=8).to(dtype).eval()
 
 
+def _charvocab():
+    from attention_core.shakespeare.data import CharVocab
+
+    return CharVocab("abc")
+
+
 def _issue24_contract_calls():
     from attention_core.language_model import sample_next_token
     from attention_core.latent_attention import LatentCache
@@ -473,6 +479,14 @@ def _issue24_contract_calls():
                                     r"attention_weights's .* would take"),
         "a mask that cannot fit": (lambda: ac.causal_mask(10**6, 10**6), ValueError,
                                    r"\(L, S\) = \(1000000, 1000000\) bool mask would take"),
+        # was: a negative id wrapped around to the vocabulary's last characters; a float id raised from a list index
+        "negative id in CharVocab.decode": (lambda: _charvocab().decode(torch.tensor([0, -1])), ValueError,
+                                            r"ids must be in \[0, 3\).*got \[-1\]"),
+        "float ids in CharVocab.decode": (lambda: _charvocab().decode(torch.tensor([0.5])), TypeError,
+                                          r"ids must be integers"),
+        # was: TypeError: object of type 'bool' has no len() (found by tests/test_fuzz_modules.py)
+        "latent attention given a non-cache": (lambda: _mla24()(torch.zeros(1, 2, 16), False), TypeError,
+                                               r"cache must be a LatentCache or None, got bool"),
         # was: ZeroDivisionError in the message that explains a head mismatch
         "zero key heads": (lambda: ac.scaled_dot_product_attention(e(2, 0, 1), e(0, 0, 1), e(0, 0, 1)),
                            ValueError, r"query has Hq=2 heads but key has H=0"),
