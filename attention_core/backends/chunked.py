@@ -49,6 +49,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "POISON_OUTPUTS", "attention", "chunked_attention"]
 
@@ -137,6 +138,10 @@ class _Tiles:
         short = block_q * block_k // max(1, self.rows * self.keys)
         self.heads = max(1, min(B * H, max(torch.get_num_threads(), short)))  # at least 1, even when B*H = 0
 
+    def exp_(self, x: torch.Tensor) -> torch.Tensor:
+        """``exp2`` in place, of scores in base-2 units (``exp`` in the natural units of a float mask's tiles)."""
+        return x.exp_() if self.natural else x.exp2_()
+
     def head_steps(self):
         """Ranges [h0, h1) of the B*H (batch, kv-head) pairs, ``heads`` at a time."""
         for h0 in range(0, self.q.shape[0], self.heads):
@@ -187,11 +192,6 @@ class _Tiles:
         return m[pairs // self.H, pairs % self.H]  # (hb, Gm, bl?, bs?): several short heads in one step
 
 
-def _exp_(x: torch.Tensor, natural: bool) -> torch.Tensor:
-    """``exp`` in place of scores in natural units, ``exp2`` of scores in base-2 units."""
-    return x.exp_() if natural else x.exp2_()
-
-
 def _mask_5d(mask: torch.Tensor, H: int, G: int) -> torch.Tensor:
     """A 4-D mask broadcastable to (B, Hq, L, S) -> 5-D, broadcastable to (B, H, G, L, S)."""
     Bm, Hm, Lm, Sm = mask.shape
@@ -222,8 +222,8 @@ def _forward_tiles(t: _Tiles, out: torch.Tensor, lse: torch.Tensor) -> None:
                 s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))  # (hb, n, bs)
                 torch.amax(s, dim=-1, keepdim=True, out=m_new)  # the tile's row max...
                 m_new = torch.maximum(m, m_new, out=m_new)  # ...and the running one, (hb, n, 1)
-                p = _exp_(s.sub_(m_new), t.natural)  # (hb, n, bs), in place: the scores are not needed again
-                alpha = _exp_(torch.sub(m, m_new, out=alpha), t.natural)  # rescales what was summed before
+                p = t.exp_(s.sub_(m_new))  # (hb, n, bs), exp2 in place: the scores are not needed again
+                alpha = t.exp_(torch.sub(m, m_new, out=alpha))  # rescales what was summed under the old max
                 denom = torch.addcmul(p.sum(dim=-1, keepdim=True), denom, alpha, out=denom)  # l * alpha + rowsum(p)
                 acc.mul_(alpha).baddbmm_(p, t.v[h0:h1, s0:s1])  # acc * alpha + (hb, n, bs) @ (hb, bs, Ev)
                 m, m_new = m_new, m  # the new max becomes the running one; the old one's buffer is reused
@@ -263,7 +263,7 @@ def _backward_tiles(
             dq_tile = buf.take("dq", hb, n, E).zero_()  # (hb, n, E)
             for s0, s1 in t.key_tiles(r0, r1):
                 s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))
-                p = _exp_(s.sub_(lse_tile), t.natural)  # (hb, n, bs), recomputed from the saved log-sum-exp
+                p = t.exp_(s.sub_(lse_tile))  # (hb, n, bs), recomputed from the saved log-sum-exp
                 dv_h[:, s0:s1].baddbmm_(p.transpose(1, 2), do_tile)  # += (hb, bs, n) @ (hb, n, Ev)
                 dp = torch.bmm(do_tile, v_t[:, :, s0:s1], out=buf.take("dp", hb, n, s1 - s0))  # (hb, n, bs)
                 ds = dp.sub_(delta_tile).mul_(p)  # (hb, n, bs): dS = P * (dP - delta)
@@ -299,6 +299,32 @@ def _launch_forward(query, key, value, attn_mask, is_causal, scale, block_q, blo
         lse.fill_(float("nan"))
     _forward_tiles(t, out, lse)
     return t, out, lse
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """Forward by online softmax over tiles; backward recomputes each tile from the saved log-sum-exp. The eager
+    path: every tile's operations run (and show) one by one; under ``torch.compile`` or ``torch.func`` the same
+    loops run inside the custom operator below."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, is_causal, scale, block_q, block_k):
+        t, out, lse = _launch_forward(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+        ctx.save_for_backward(query, key, value, attn_mask, out, lse)
+        ctx.config = (is_causal, scale, block_q, block_k)
+        B, Hq, L, Ev = query.shape[0], query.shape[1], query.shape[2], value.shape[-1]
+        return out.to(query.dtype).view(B, Hq, L, Ev)  # (B*H, G, L, Ev) -> (B, Hq, L, Ev)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        query, key, value, attn_mask, out, lse = ctx.saved_tensors
+        t = _Tiles(query, key, value, attn_mask, *ctx.config)
+        grad_out = grad_out.to(t.dtype).reshape(out.shape)  # (B, Hq, L, Ev) -> (B*H, G, L, Ev)
+        dq, dk, dv = _backward_tiles(t, grad_out, out, lse)
+        dq = dq.to(query.dtype).view(query.shape)  # (B*H, G, L, E) -> (B, Hq, L, E)
+        dk = dk.to(key.dtype).view(key.shape)  # (B*H, S, E) -> (B, H, S, E)
+        dv = dv.to(value.dtype).view(value.shape)  # (B*H, S, Ev) -> (B, H, S, Ev)
+        return dq, dk, dv, None, None, None, None, None
 
 
 # A custom operator (as flash-attn registers its kernels): torch.compile sees one opaque call with a fake
@@ -418,8 +444,16 @@ def chunked_attention(
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise ValueError(f"{name} must be a positive int, got {b!r}")
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    out, _ = _forward_op(query, key, value, attn_mask, is_causal, float(scale), block_q, block_k)
-    return out.to(query.dtype)
+    if _traced(query, key, value, attn_mask):  # compile or a torch.func transform: one opaque, registered call
+        out, _ = _forward_op(query, key, value, attn_mask, is_causal, float(scale), block_q, block_k)
+        return out.to(query.dtype)
+    return _ChunkedAttention.apply(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+
+
+def _traced(*tensors: Optional[torch.Tensor]) -> bool:
+    """Under ``torch.compile`` or a ``torch.func`` transform (vmap, grad, ...)?"""
+    return torch.compiler.is_compiling() or any(
+        t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def attention(
