@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
 
 import torch
@@ -87,12 +88,14 @@ def check_same_device(**tensors: torch.Tensor) -> None:
     _check_same("device", ValueError, tensors, "be on the device of", "{n} on {v}")
 
 
-def check_dropout(p: object, name: str = "dropout_p") -> float:
-    """Return ``p`` as a float in ``[0, 1)``; raise otherwise (``p = 1`` would divide by zero)."""
+def check_dropout(p: object, name: str = "dropout_p", *, allow_one: bool = False) -> float:
+    """Return ``p`` as a float in ``[0, 1)`` (``[0, 1]`` with ``allow_one``: every weight dropped, as torch's
+    SDPA and ``F.dropout`` allow, which give zeros); raise otherwise."""
+    interval = "[0, 1]" if allow_one else "[0, 1)"
     if not _is_real(p):
-        raise TypeError(f"{name} must be a float in [0, 1), got {type(p).__name__} {short_repr(p)}")
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {short_repr(p)}")
+        raise TypeError(f"{name} must be a float in {interval}, got {type(p).__name__} {short_repr(p)}")
+    if not (0.0 <= p < 1.0 or (allow_one and p == 1.0)):
+        raise ValueError(f"{name} must be in {interval}, got {short_repr(p)}")
     return float(p)
 
 
@@ -116,15 +119,19 @@ def check_positive_float(x: object, name: str, *, allow_zero: bool = False) -> f
     return value
 
 
-def check_scale(scale: object, name: str = "scale") -> float | None:
-    """Return ``scale`` as a float (or ``None``); raise unless it is a positive, finite number."""
+def check_scale(scale: object, name: str = "scale", *, positive: bool = True) -> float | None:
+    """Return ``scale`` as a float (or ``None``); raise unless it is a finite number, > 0 if ``positive``
+    (SDPA itself takes any finite scale, as torch's does: 0 gives uniform weights, a negative one reverses
+    the ranking)."""
+    kind = "a positive" if positive else "a finite"
     if scale is None:
         return None
     if not _is_real(scale):
-        raise TypeError(f"{name} must be a positive float or None, got {type(scale).__name__} {short_repr(scale)}")
+        raise TypeError(f"{name} must be {kind} float or None, got {type(scale).__name__} {short_repr(scale)}")
     value = real_to_float(scale)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive, finite float or None, got {short_repr(scale)}")
+    if not (math.isfinite(value) and (value > 0 or not positive)):
+        raise ValueError(f"{name} must be {kind}{', finite' if positive else ''} float or None, "
+                         f"got {short_repr(scale)}")
     return value
 
 
@@ -219,3 +226,37 @@ def check_mask_broadcasts(mask: torch.Tensor, name: str, target: Shape, target_d
             f"{name} of shape {fmt_shape(mask.shape)} does not broadcast to the scores' shape "
             f"{target_desc} = {fmt_shape(target)}"
         )
+
+
+class TooLargeError(ValueError, MemoryError):
+    """A size that cannot fit, found before allocating anything: both a ``ValueError`` (a bad argument) and a
+    ``MemoryError`` (what allocating would have raised, after a long wait or the system's OOM killer)."""
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+_CPU_BYTES = _physical_memory()  # read once, at import: torch.compile does not trace os.sysconf
+
+
+def _device_bytes(device: torch.device) -> int | None:
+    """Memory of ``device`` in bytes (physical memory for the CPU), or ``None`` when unknown."""
+    if device.type == "cpu":
+        return _CPU_BYTES
+    if device.type == "cuda" and not torch.compiler.is_compiling():
+        return torch.cuda.get_device_properties(device).total_memory
+    return None
+
+
+def check_fits(nbytes: int, what: str, device: torch.device | str) -> None:
+    """Raise :class:`TooLargeError` naming ``what`` and its size when ``nbytes`` exceed the device's memory
+    (or what a tensor can index), instead of letting the allocation fail or swap."""
+    device = torch.device(device)
+    total = _device_bytes(device)
+    if nbytes > 2**63 - 1 or (total is not None and nbytes > total):
+        limit = "what a tensor can hold" if total is None else f"{total / 2**30:.1f} GiB of memory on {device}"
+        raise TooLargeError(f"{what} would take {nbytes / 2**30:,.1f} GiB, more than {limit}")

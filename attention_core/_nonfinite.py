@@ -4,8 +4,8 @@ The policy and the argument for it are in that function's docstring. In short: a
 makes NaN exactly the output rows that read it, in every backend. Each backend is left to compute on clean
 inputs; this module finds the bad entries, zeroes them, and says which rows to turn into NaN afterwards::
 
-    all finite? (one sum per input, one synchronisation)  --yes-->  nothing to do (the common case)
-        | no
+    eager CPU tensors: all finite? (one sum per input)  --yes-->  nothing to do (the common case)
+        | no, or a GPU, torch.compile or a torch.func transform (no branch on a tensor's value there)
         v
     bad rows of q (B, Hq, L), of k and v (B, H, S); pairs the mask or is_causal lets each row read
     poisoned rows = (bad query | reads a bad key, value or mask entry) & reads at least one key
@@ -19,9 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from attention_core.masks import causal_mask
-
-__all__ = ["Poison", "all_finite", "clean_and_poison", "empty_result"]
+__all__ = ["Poison", "all_finite", "check_on_host", "clean_and_poison", "empty_result"]
 
 
 class Poison(NamedTuple):
@@ -33,19 +31,39 @@ class Poison(NamedTuple):
 
 def all_finite(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None, attn_mask: torch.Tensor | None
-) -> bool:
-    """No NaN or inf anywhere, except a float mask's -inf (it removes a key); one synchronisation.
+) -> torch.Tensor:
+    """A 0-d bool tensor: no NaN or inf anywhere, except a float mask's -inf (it removes a key).
 
     A sum is NaN or inf whenever one of its terms is, and it is one reduction with nothing allocated (an
     ``isfinite`` tensor costs several times more). A finite tensor whose sum overflows only sends the call
-    down the slower path, which then finds nothing to do.
+    down the slower path, which then finds nothing to do. Reading the answer as a Python bool is the caller's
+    choice (see :func:`check_on_host`): it is free for CPU tensors, a synchronisation on a GPU, and a graph break
+    under ``torch.compile`` or ``torch.func`` transforms.
     """
     sums = [t.sum(dtype=torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None)
             for t in (query, key, value) if t is not None and t.numel()]
     ok = torch.isfinite(torch.stack(sums)).all() if sums else torch.ones((), dtype=torch.bool)
     if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.numel():
         ok = ok & (attn_mask.amax() < math.inf)  # amax propagates NaN; NaN < inf and inf < inf are False
-    return bool(ok)
+    return ok
+
+
+def check_on_host(*tensors: torch.Tensor | None) -> bool:
+    """May the policy look at :func:`all_finite`'s answer in Python (and skip the cleaning when it is true)?
+
+    Only for eager CPU tensors: there the answer is already on the host (no synchronisation). On a GPU it would
+    stall the host until the kernels finish, and under ``torch.compile`` or ``torch.func.vmap``/``grad`` a
+    Python branch on a tensor's value cannot be traced: there the policy runs as tensor operations only
+    (:func:`clean_and_poison` on every call, whose NaN rows add zero when nothing is wrong).
+    """
+    if torch.compiler.is_compiling():
+        return False
+    for t in tensors:
+        if t is None:
+            continue
+        if t.device.type != "cpu" or torch._C._functorch.is_functorch_wrapped_tensor(t):
+            return False
+    return True
 
 
 def clean_and_poison(
@@ -60,28 +78,34 @@ def clean_and_poison(
     B, Hq, L, _ = query.shape
     H, S = key.shape[-3], key.shape[-2]
     group = Hq // H
-    if is_causal:
-        reads = causal_mask(L, S, device=query.device)  # (L, S): True = query i reads key j
-    elif attn_mask is None:
-        reads = torch.ones(1, S, dtype=torch.bool, device=query.device)  # (1, S): every key
-    elif attn_mask.dtype == torch.bool:
-        reads = attn_mask  # (B?, Hq?, L?, S?)
-    else:
-        reads = attn_mask != -math.inf
-    reads = reads.expand(*reads.shape[:-1], S)  # a mask of one column broadcasts over S keys, even S = 0
-    bad_q = ~torch.isfinite(query).all(-1, keepdim=True)  # (B, Hq, L, 1)
-    bad_k = ~torch.isfinite(key).all(-1)  # (B, H, S)
-    bad_pair = bad_k.repeat_interleave(group, dim=1)[:, :, None, :]  # (B, H, S) -> (B, Hq, 1, S)
-    if attn_mask is not None and attn_mask.is_floating_point():
-        bad_pair = bad_pair | ~(attn_mask < math.inf)  # NaN or +inf in the mask, (B?, Hq?, L?, S?)
-    alive = reads.any(-1, keepdim=True)  # (..., L?, 1): the row reads at least one key
-    poison_w = (bad_q | (bad_pair & reads).any(-1, keepdim=True)) & alive  # (B, Hq, L, 1)
-    poison_out = poison_w
-    if value is not None:
-        bad_v = ~torch.isfinite(value).all(-1)  # (B, H, S)
-        bad_v = bad_v.repeat_interleave(group, dim=1)[:, :, None, :]  # (B, H, S) -> (B, Hq, 1, S)
-        poison_out = poison_w | ((bad_v & reads).any(-1, keepdim=True) & alive)
-    if attn_mask is not None and attn_mask.is_floating_point():
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
+    bad_q = _bad_rows(query)[..., None]  # (B, Hq, L, 1)
+    bad_kv = _bad_rows(key)  # (B, H, S): per key, and with value's as a second column
+    bad_kv = torch.stack([bad_kv, _bad_rows(value)], dim=-1) if value is not None else bad_kv[..., None]
+    bad_kv = bad_kv.repeat_interleave(group, dim=1).to(torch.float32)  # (B, H, S, c) -> (B, Hq, S, c), 0 or 1
+    # Which rows read a bad key or value row, without an (L, S) pass where the mask's shape allows it:
+    if S == 0:
+        reads_bad = bad_kv.new_zeros((B, Hq, 1, bad_kv.shape[-1])) > 0  # nothing is read
+        alive = torch.zeros((), dtype=torch.bool, device=query.device)
+    elif is_causal:  # upper-left: row i reads keys 0 .. min(i, S - 1): a prefix "any"
+        prefix = bad_kv.cumsum(dim=2) > 0  # (B, Hq, S, c)
+        rows = torch.arange(L, device=query.device).clamp(max=S - 1)
+        reads_bad = prefix[:, :, rows]  # (B, Hq, L, c)
+        alive = torch.ones((), dtype=torch.bool, device=query.device)
+    elif attn_mask is None:  # every row reads every key
+        reads_bad = bad_kv.amax(dim=2, keepdim=True) > 0  # (B, Hq, 1, c)
+        alive = torch.ones((), dtype=torch.bool, device=query.device)
+    else:  # rows x keys read, times bad keys: one matrix-vector product, (L, S) @ (S, c), in float32
+        reads = attn_mask if attn_mask.dtype == torch.bool else attn_mask != -math.inf  # (Bm?, Hm?, Lm?, Sm?)
+        reads = reads.to(torch.float32).expand(*reads.shape[:-1], S)  # one mask column broadcasts over S keys
+        alive = reads.amax(-1, keepdim=True) > 0  # (Bm?, Hm?, Lm?, 1): the row reads at least one key
+        reads_bad = _reads_bad(reads, bad_kv) > 0  # (B, Hq, Lm?, c)
+    poison_w = bad_q | reads_bad[..., :1]  # (B, Hq, L, 1): a bad query, or it reads a bad key
+    if float_mask and attn_mask.shape[-1]:
+        poison_w = poison_w | ~(attn_mask.amax(-1, keepdim=True) < math.inf)  # NaN or +inf in the row's mask
+    poison_w = poison_w & alive
+    poison_out = poison_w | (reads_bad[..., -1:] & alive) if value is not None else poison_w
+    if float_mask:
         attn_mask = attn_mask.masked_fill(~(attn_mask < math.inf), 0.0)  # the row is poisoned anyway
 
     def clean(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -92,6 +116,30 @@ def clean_and_poison(
 
     poison = Poison(weights=nan_rows(poison_w), out=nan_rows(poison_out))
     return clean(query), clean(key), clean(value), attn_mask, poison
+
+
+def _reads_bad(reads: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """``reads @ bad``: (Bm, Hm, Lm, S) 0/1 float (Bm, Hm in {1, B}, {1, Hq}) times (B, Hq, S, c) -> (B, Hq, Lm, c),
+    the number of bad keys each row reads. A mask shared by the heads is multiplied once, the heads' (and the
+    batch's) columns side by side, instead of being copied once per head by a broadcast ``matmul``."""
+    Bm, Hm, Lm, S = reads.shape
+    B, Hq, _, c = bad.shape
+    if Hm != 1:
+        return reads @ bad  # a mask per head: one product per head anyway
+    if Bm == 1:
+        cols = bad.permute(2, 0, 1, 3).reshape(S, B * Hq * c)  # (B, Hq, S, c) -> (S, B*Hq*c)
+        out = reads[0, 0] @ cols  # (Lm, S) @ (S, B*Hq*c) -> (Lm, B*Hq*c)
+        return out.view(Lm, B, Hq, c).permute(1, 2, 0, 3)  # -> (B, Hq, Lm, c)
+    cols = bad.permute(0, 2, 1, 3).reshape(B, S, Hq * c)  # (B, Hq, S, c) -> (B, S, Hq*c)
+    out = torch.bmm(reads[:, 0].expand(B, Lm, S), cols)  # (B, Lm, S) @ (B, S, Hq*c) -> (B, Lm, Hq*c)
+    return out.view(B, Lm, Hq, c).permute(0, 2, 1, 3)  # -> (B, Hq, Lm, c)
+
+
+def _bad_rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., N, D) -> (..., N) bool: the rows holding a NaN or an inf. ``t * 0`` is 0 where ``t`` is finite and
+    NaN elsewhere, and a sum is NaN when a term is: no overflow, and several times faster than
+    ``isfinite(t).all(-1)`` (a bool reduction along a short last dim)."""
+    return (t * 0).sum(-1).isnan()
 
 
 def empty_result(shape: tuple[int, ...], *inputs: torch.Tensor) -> torch.Tensor:

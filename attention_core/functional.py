@@ -28,6 +28,7 @@ from attention_core._checks import (
     broadcast_or_none,
     check_bool_flag,
     check_dropout,
+    check_fits,
     check_floating,
     check_mask_broadcasts,
     check_min_rank,
@@ -38,7 +39,7 @@ from attention_core._checks import (
     fmt_shape,
     short_repr,
 )
-from attention_core._nonfinite import Poison, all_finite, clean_and_poison, empty_result
+from attention_core._nonfinite import Poison, all_finite, check_on_host, clean_and_poison, empty_result
 from attention_core.backends import AttentionInputs, resolve_backend
 from attention_core.backends import reference as _reference
 
@@ -87,9 +88,11 @@ def scaled_dot_product_attention(
         value: (..., H, S, Ev), query's dtype and device.
         attn_mask: ``None``; bool (True = the pair takes part); or float, added to the scores (bool, float32
             or the query's dtype). Must broadcast to (..., Hq, L, S). Not together with ``is_causal``.
-        dropout_p: dropout probability on the weights, in [0, 1); kept weights are scaled by 1/(1-p).
+        dropout_p: dropout probability on the weights, in [0, 1]; kept weights are scaled by 1/(1-p) (p = 1
+            drops them all: zeros, as torch gives).
         is_causal: mask with ``tril(ones(L, S))`` (upper-left aligned: query i sees keys 0..i).
-        scale: multiplies the scores; default ``1/sqrt(E)``.
+        scale: multiplies the scores, any finite float (0 gives uniform weights; negative reverses the
+            ranking, as in torch); default ``1/sqrt(E)``.
         enable_gqa: grouped-query attention: key/value head h serves query heads h*G .. h*G+G-1, G = Hq/H.
             Without it, leading dims (heads included) broadcast as in ``torch.matmul``.
         backend: a name from :func:`attention_core.available_backends`; ``None`` uses the
@@ -114,7 +117,10 @@ def scaled_dot_product_attention(
     inputs = AttentionInputs(
         p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa
     )
-    out = resolve_backend(backend, inputs).run(inputs)  # (B, Hq, L, Ev)
+    chosen = resolve_backend(backend, inputs)
+    if chosen.name in _MATERIALISING:  # these build the (B, Hq, L, S) scores: refuse what cannot fit, up front
+        _check_scores_fit(p, _MATERIALISING[chosen.name], f"the {chosen.name!r} backend")
+    out = chosen.run(inputs)  # (B, Hq, L, Ev)
     if poison is not None:
         out = out + poison.out  # (B, Hq, L, Ev) + (B, Hq, L, 1): NaN in the poisoned rows, + 0 elsewhere
     return out.reshape(out_shape)  # (B, Hq, L, Ev) -> (..., Hq, L, Ev)
@@ -142,6 +148,7 @@ def attention_with_weights(
     L, S, Ev = p.query.shape[-2], p.key.shape[-2], p.value.shape[-1]
     if math.prod(p.lead) * L == 0:
         return empty_result((*p.lead, L, Ev), query, key, value), empty_result((*p.lead, L, S), query, key)
+    _check_scores_fit(p, None, "attention_with_weights")
     p, poison = _nonfinite(p, is_causal, query, key, value)
     out, weights = _reference.attention_with_weights(
         p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa
@@ -174,6 +181,7 @@ def attention_weights(
     L, S = p.query.shape[-2], p.key.shape[-2]
     if math.prod(p.lead) * L * S == 0:
         return empty_result((*p.lead, L, S), query, key)
+    _check_scores_fit(p, None, "attention_weights")
     p, poison = _nonfinite(p, is_causal, query, key, None)
     weights = _reference.attention_weights(p.query, p.key, p.attn_mask, is_causal, p.scale, enable_gqa)
     if poison is not None:
@@ -194,7 +202,8 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
 
     Args:
         scores: floating tensor with at least one dim, e.g. (..., L, S).
-        mask: ``None``; bool, True = keep; or float, added to ``scores`` (cast to its dtype). Must broadcast
+        mask: ``None``; bool, True = keep; or float, added to ``scores`` in the compute precision (float32
+            for float16/bfloat16 scores, whose result is cast back; else the scores' dtype). Must broadcast
             to ``scores.shape``.
         dim: the dimension that sums to 1.
 
@@ -215,13 +224,30 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
         check_same_device(scores=scores, mask=mask)
         check_mask_broadcasts(mask, "mask", scores.shape, "scores.shape")
         if mask.dtype != torch.bool:
-            mask = mask.to(scores.dtype)
+            dtype = scores.dtype
+            compute = compute_dtype(dtype)
+            scores, mask = scores.to(compute), mask.to(compute)
             # a removed entry is never read: -inf wins over a NaN or +inf score (scores + mask alone gives NaN)
-            scores, mask = (scores + mask).masked_fill(mask == float("-inf"), float("-inf")), None
+            scores = (scores + mask).masked_fill(mask == float("-inf"), float("-inf"))
+            return _reference.softmax_with_mask(scores, None, dim).to(dtype)
     return _reference.softmax_with_mask(scores, mask, dim)
 
 
 # ------------------------------------------------------------------------------------------- validation
+
+#: Backends that hold the whole (B, Hq, L, S) score matrix, and the bytes per score they compute in (None: the
+#: compute dtype's); each holds about two such matrices at once (the scores and the weights).
+_MATERIALISING = {"reference": None, "numpy": 8}
+
+
+def _check_scores_fit(p: _Prepared, bytes_per: int | None, who: str) -> None:
+    """Refuse, before allocating, a call whose (B, Hq, L, S) scores cannot fit in the device's memory."""
+    L, S = p.query.shape[-2], p.key.shape[-2]
+    per = bytes_per or torch.empty((), dtype=compute_dtype(p.query.dtype)).element_size()
+    n = math.prod(p.lead) * L * S
+    check_fits(2 * n * per, f"{who}'s (B, Hq, L, S) = ({math.prod(p.lead[:-1])}, {p.lead[-1] if p.lead else 1}, "
+               f"{L}, {S}) scores and weights", p.query.device if p.query.device.type != "meta" else "meta")
+
 
 
 class _Prepared(NamedTuple):
@@ -230,7 +256,7 @@ class _Prepared(NamedTuple):
     query: torch.Tensor  # (B, Hq, L, E)
     key: torch.Tensor  # (B, H, S, E)
     value: torch.Tensor | None  # (B, H, S, Ev)
-    attn_mask: torch.Tensor | None  # 4-D, broadcasts to (B, Hq, L, S); bool or query's dtype
+    attn_mask: torch.Tensor | None  # 4-D, broadcasts to (B, Hq, L, S); bool or the compute dtype
     dropout_p: float
     scale: float
     lead: tuple[int, ...]  # the broadcast leading dims "..., Hq" of the output
@@ -264,8 +290,8 @@ def _prepare(
     check_same_device(**named)
     check_bool_flag(is_causal, "is_causal")
     check_bool_flag(enable_gqa, "enable_gqa")
-    dropout_p = check_dropout(dropout_p)
-    scale = check_scale(scale)
+    dropout_p = check_dropout(dropout_p, allow_one=True)  # torch's ranges: p = 1 drops every weight
+    scale = check_scale(scale, positive=False)  # any finite scale, as torch takes
     min_rank, layout = (3, "(..., H, N, E) with enable_gqa=True") if enable_gqa else (2, "(..., N, E)")
     for name, t in named.items():
         check_min_rank(t, name, min_rank, layout)
@@ -341,7 +367,7 @@ def _broadcast_lead(named: dict, enable_gqa: bool) -> tuple[int, ...]:
         if H != Hv and 1 not in (H, Hv):
             raise ValueError(f"key and value must have the same number of heads (dim -3): got {shapes}")
         if Hq != H and 1 not in (Hq, H):
-            hint = "pass enable_gqa=True" if Hq % H == 0 else f"Hq must be a multiple of H={H} for GQA"
+            hint = "pass enable_gqa=True" if H and Hq % H == 0 else f"Hq must be a multiple of H={H} for GQA"
             raise ValueError(
                 f"query has Hq={Hq} heads but key has H={H} (dim -3); for grouped-query attention {hint}: "
                 f"got {shapes}"
@@ -357,9 +383,18 @@ def _to_4d(x: torch.Tensor, lead: tuple[int, ...], enable_gqa: bool) -> torch.Te
     return x.reshape(math.prod(batch), head, x.shape[-2], x.shape[-1])  # (..., H, N, E) -> (B, H, N, E)
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype scores are computed and masks are added in: float32 for float16/bfloat16, else ``dtype``.
+
+    As torch's SDPA does on the CPU: a float32 mask entry of 7e4 next to float16 inputs stays 7e4 (cast to
+    float16 first it would become inf, and the row NaN), and a bfloat16 query keeps a float32 mask's digits."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _mask_to_4d(mask: torch.Tensor, lead: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A mask broadcastable to (*lead, L, S) -> 4-D, broadcastable to (B, Hq, L, S); L, S never expanded."""
-    mask = mask if mask.dtype == torch.bool else mask.to(dtype)
+    """A mask broadcastable to (*lead, L, S) -> 4-D, broadcastable to (B, Hq, L, S); L, S never expanded.
+    A float mask comes back in the compute dtype of a query of ``dtype`` (see :func:`compute_dtype`)."""
+    mask = mask if mask.dtype == torch.bool else mask.to(compute_dtype(dtype))  # added in the compute precision
     mask = mask.reshape((1,) * (len(lead) + 2 - mask.dim()) + tuple(mask.shape))  # left-pad with 1s
     if len(lead) < 2:
         return mask.reshape((1,) * (2 - len(lead)) + tuple(mask.shape))  # (h?, L, S) -> (1, h, L, S)
@@ -376,9 +411,11 @@ def _nonfinite(
     """The non-finite policy (see :func:`scaled_dot_product_attention`) on canonical inputs: ``(p, None)``
     after one check when every input is finite, else the inputs with their bad entries zeroed and the NaN to
     add to the results. ``query``, ``key``, ``value`` are the user's tensors, checked before any broadcast;
-    the mask is checked after its cast to the query's dtype (a large float32 bias may have become inf)."""
-    if p.query.device.type == "meta" or all_finite(query, key, value, p.attn_mask):
+    the mask is checked in its compute dtype."""
+    if p.query.device.type == "meta":
         return p, None
+    if check_on_host(query, key, value, p.attn_mask) and bool(all_finite(query, key, value, p.attn_mask)):
+        return p, None  # the common case, decided on the host at no cost; elsewhere, tensor operations only
     q, k, v, mask, poison = clean_and_poison(p.query, p.key, p.value, p.attn_mask, is_causal)
     return p._replace(query=q, key=k, value=v, attn_mask=mask), poison
 

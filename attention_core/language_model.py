@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import check_bool_flag, check_floating, check_positive_int, check_tensor, fmt_shape
 from attention_core.functional import attention_with_weights, scaled_dot_product_attention
 from attention_core.masks import sliding_window_mask
 from attention_core.multihead import MultiHeadAttention
@@ -149,6 +149,28 @@ class KVCache:
         """Bytes of every cached key and value tensor."""
         return sum(t.numel() * t.element_size() for store in (self.keys, self.values) for t in store
                    if t is not None)
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        """B of the cached tensors, or ``None`` while the cache is empty (any batch may fill it)."""
+        k = self.keys[0]
+        return None if k is None else k.shape[0]
+
+    def reset(self) -> None:
+        """Forget every cached token (the cache may then take a batch of another size)."""
+        self.keys = [None] * self.num_layers
+        self.values = [None] * self.num_layers
+        self.seen = 0
+
+    def snapshot(self) -> Tuple[List[Optional[torch.Tensor]], List[Optional[torch.Tensor]], int]:
+        """The cache's state, to :meth:`restore` if a call fails half-way. Cheap: appends and evictions build new
+        tensors (``torch.cat``) and never write into cached ones, so holding the old references is enough."""
+        return list(self.keys), list(self.values), self.seen
+
+    def restore(self, state: Tuple[List[Optional[torch.Tensor]], List[Optional[torch.Tensor]], int]) -> None:
+        """Put back a :meth:`snapshot`: the cache is exactly as it was when it was taken."""
+        keys, values, seen = state
+        self.keys, self.values, self.seen = list(keys), list(values), seen
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -306,18 +328,61 @@ class DecoderLM(nn.Module):
         Returns:
             :class:`LMOutput`, logits (B, L, V).
         """
+        self._check_call(tokens, cache, window, need_weights)
+        if cache is None:
+            return self._forward(tokens, None, window, need_weights)
+        # Transactional: a call that raises (a backend that refuses, say, in a later layer than the first) leaves
+        # the cache exactly as it was, never with some layers appended and others not.
+        state = cache.snapshot()
+        try:
+            if cache.sinks and len(cache) + tokens.shape[1] > cache.capacity:
+                if need_weights:
+                    raise ValueError("need_weights=True with sinks: feed at most cache.capacity - len(cache) "
+                                     "tokens per call (the slots move while tokens are evicted)")
+                return self._forward_in_steps(tokens, cache)
+            return self._forward(tokens, cache, None, need_weights)
+        except BaseException:
+            cache.restore(state)
+            raise
+
+    def _check_call(self, tokens: torch.Tensor, cache: Optional[KVCache], window: Optional[int],
+                    need_weights: bool) -> None:
+        """Everything a call can be refused for, checked before any layer touches the cache."""
         check_tensor(tokens, "tokens")
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be a (B, L) integer tensor, got {tokens.dtype} {fmt_shape(tokens.shape)}")
         check_bool_flag(need_weights, "need_weights")
-        if cache is not None and window is not None:
+        V = self.vocab_size
+        if tokens.device != self.embed.weight.device:
+            raise ValueError(f"tokens are on {tokens.device} but the model is on {self.embed.weight.device}")
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= V):
+            raise ValueError(f"tokens must be ids in [0, {V}) (vocab_size = {V}), got values from "
+                             f"{int(tokens.min())} to {int(tokens.max())}")
+        L, max_len = tokens.shape[1], self.rotary.max_len
+        if cache is None:
+            if L > max_len:
+                raise ValueError(f"tokens has L = {L} positions but the model covers max_positions = {max_len}")
+            return
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache (model.new_cache()) or None, got {type(cache).__name__}")
+        if window is not None:
             raise ValueError("window is a property of the cache when a cache is given: build it with "
                              "model.new_cache(window=...)")
-        if cache is not None and cache.sinks and len(cache) + tokens.shape[1] > cache.capacity:
-            if need_weights:
-                raise ValueError("need_weights=True with sinks: feed at most cache.capacity - len(cache) tokens "
-                                 "per call (the slots move while tokens are evicted)")
-            return self._forward_in_steps(tokens, cache)
+        if cache.num_layers != self.num_layers:
+            raise ValueError(f"cache has num_layers = {cache.num_layers} but the model has {self.num_layers}; "
+                             "build it with model.new_cache()")
+        if cache.batch_size is not None and cache.batch_size != tokens.shape[0]:
+            raise ValueError(f"tokens has batch size B = {tokens.shape[0]} but the cache holds B = "
+                             f"{cache.batch_size} sequences; use one cache per batch (or cache.reset())")
+        needed = len(cache) + L  # the highest slot this call rotates by, plus one
+        if cache.sinks and needed > cache.capacity:  # type: ignore[operator]
+            needed = cache.capacity  # fed in steps that evict as they go: slots stay below the capacity
+        if needed > max_len:
+            raise ValueError(f"the cache holds {len(cache)} tokens and tokens adds L = {L}: slots up to "
+                             f"{needed - 1}, but the model covers max_positions = {max_len}")
+
+    def _forward(self, tokens: torch.Tensor, cache: Optional[KVCache], window: Optional[int],
+                 need_weights: bool) -> LMOutput:
         x = self.embed(tokens)  # (B, L) -> (B, L, D)
         weights = [] if need_weights else None
         for i, block in enumerate(self.blocks):
@@ -338,13 +403,23 @@ class DecoderLM(nn.Module):
 
 def build_language_model(config: Dict[str, Any]) -> DecoderLM:
     """A :class:`DecoderLM` from a config dict (its keys are the constructor's arguments, plus ``seed`` for the
-    initialisation); the model keeps the dict as ``model.config`` so that checkpoints can rebuild it."""
+    initialisation); the model keeps the dict as ``model.config`` so that checkpoints can rebuild it.
+
+    With a ``seed``, the weights are drawn from a generator seeded with it inside :func:`torch.random.fork_rng`:
+    torch's global generator is left exactly as it was (loading a checkpoint does not reseed the caller's
+    random numbers). Without one, the initialisation draws from the global generator, as ``nn.Linear`` does."""
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict, got {type(config).__name__}")
     kwargs = {k: v for k, v in config.items() if k != "seed"}
-    if "seed" in config:
-        torch.manual_seed(config["seed"])
-    model = DecoderLM(**kwargs)
+    if "seed" not in config:
+        model = DecoderLM(**kwargs)
+    else:
+        seed = config["seed"]
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"config['seed'] must be an int, got {type(seed).__name__} {seed!r}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = DecoderLM(**kwargs)
     model.config = dict(config)
     return model
 
@@ -377,13 +452,29 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: Opt
     """One token per row of ``logits`` (B, V): greedy when ``temperature == 0``, else sampled from
     ``softmax(logits / temperature)`` restricted by ``top_k`` and ``top_p``. Returns (B,) int64."""
     check_tensor(logits, "logits")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be (B, V), got shape {fmt_shape(logits.shape)}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a float >= 0, got {temperature!r}")
+    if logits.dim() != 2 or logits.shape[1] == 0:
+        raise ValueError(f"logits must be (B, V) with V >= 1, got shape {fmt_shape(logits.shape)}")
+    check_floating(logits, "logits")
+    if logits.device.type == "meta":
+        raise ValueError("logits is a meta tensor: it has no values to sample from")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite float >= 0, got {temperature!r}")
+    if logits.numel():
+        if logits.isnan().any() or (logits == math.inf).any():
+            rows = (logits.isnan() | (logits == math.inf)).any(-1).nonzero().flatten().tolist()
+            raise ValueError(f"logits must hold no NaN or +inf (rows {rows[:5]} do): they give no distribution")
+        if (logits == -math.inf).all(-1).any():
+            rows = (logits == -math.inf).all(-1).nonzero().flatten().tolist()
+            raise ValueError(f"every logit of rows {rows[:5]} is -inf: nothing can be drawn")
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    scaled = logits.float() / temperature
+    if (torch.isfinite(logits) & ~torch.isfinite(scaled)).any():
+        # a tiny temperature overflowed (or is 0 in float32): divide the gaps to the row's best instead (the same
+        # softmax): the best stays at 0, the others go to -inf, and the draw tends to greedy as it should
+        gap = logits.float() - logits.float().amax(-1, keepdim=True)  # (B, V), <= 0
+        scaled = torch.where(gap == 0, 0.0, gap / temperature)
+    logits = scaled
     if top_k is not None:
         logits = filter_top_k(logits, top_k)
     if top_p is not None:

@@ -67,6 +67,23 @@ class LatentCache:
         """Bytes of the cached tensors."""
         return sum(t.numel() * t.element_size() for t in (self.latent, self.rope_key) if t is not None)
 
+    @property
+    def batch_size(self) -> Optional[int]:
+        """B of the cached tensors, or ``None`` while the cache is empty."""
+        return None if self.latent is None else self.latent.shape[0]
+
+    def reset(self) -> None:
+        """Forget every cached token."""
+        self.latent = self.rope_key = None
+
+    def snapshot(self) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """The state to :meth:`restore` if a call fails half-way (appends build new tensors, so references do)."""
+        return self.latent, self.rope_key
+
+    def restore(self, state: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]) -> None:
+        """Put back a :meth:`snapshot`."""
+        self.latent, self.rope_key = state
+
 
 class MultiHeadLatentAttention(nn.Module):
     """Causal multi-head latent attention (DeepSeek-V2), batch-first, with an optional :class:`LatentCache`.
@@ -140,6 +157,33 @@ class MultiHeadLatentAttention(nn.Module):
         check_floating(x, "x")
         check_bool_flag(absorbed, "absorbed")
         check_bool_flag(need_weights, "need_weights")
+        weight = self.kv_down.weight
+        if x.dtype != weight.dtype or x.device != weight.device:
+            raise TypeError(f"x must have the module's dtype and device ({weight.dtype} on {weight.device}), got "
+                            f"{x.dtype} on {x.device}; convert one (module.to(x.dtype) or x.to(...))")
+        if cache is not None and not isinstance(cache, LatentCache):
+            raise TypeError(f"cache must be a LatentCache or None, got {type(cache).__name__}")
+        past = 0 if cache is None else len(cache)
+        if cache is not None:
+            if cache.batch_size is not None and cache.batch_size != x.shape[0]:
+                raise ValueError(f"x has batch size B = {x.shape[0]} but the cache holds B = {cache.batch_size} "
+                                 "sequences; use one cache per batch (or cache.reset())")
+            if cache.latent is not None and cache.latent.dtype != x.dtype:
+                raise TypeError(f"x is {x.dtype} but the cache holds {cache.latent.dtype}; use a new cache")
+        if past + x.shape[1] > self.rotary.max_len:
+            raise ValueError(f"positions up to {past + x.shape[1] - 1} (cache {past} + L = {x.shape[1]}) but the "
+                             f"module covers max_positions = {self.rotary.max_len}")
+        if cache is None:
+            return self._forward(x, None, absorbed, need_weights)
+        state = cache.snapshot()
+        try:  # transactional: a call that raises leaves the cache as it was
+            return self._forward(x, cache, absorbed, need_weights)
+        except BaseException:
+            cache.restore(state)
+            raise
+
+    def _forward(self, x: torch.Tensor, cache: Optional[LatentCache], absorbed: bool, need_weights: bool
+                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         B, L, _ = x.shape
         H, E, dr = self.num_heads, self.head_dim, self.rope_dim
         past = 0 if cache is None else len(cache)

@@ -24,6 +24,7 @@ from attention_core._checks import (
     broadcast_or_none,
     check_bool_flag,
     check_device,
+    check_fits,
     check_floating_dtype,
     check_positive_int,
     check_tensor,
@@ -154,6 +155,7 @@ def _check_numel(L: int, S: int) -> None:
     """A (L, S) mask must be a tensor torch can describe: at most 2**63 - 1 elements."""
     if L * S > 2**63 - 1:
         raise ValueError(f"L * S = {L} * {S} elements is more than a tensor can hold (2**63 - 1)")
+    check_fits(L * S, f"an (L, S) = ({L}, {S}) bool mask", "cpu")  # one byte per entry
 
 
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:

@@ -225,7 +225,8 @@ def load_minilm(path: Optional[PathLike] = None, device: Union[str, torch.device
     if missing:
         raise FileNotFoundError(f"path {str(folder)!r} lacks {missing}")
     config = BertConfig.from_json(folder / "config.json")
-    model = BertEncoder(config)
+    with torch.random.fork_rng(devices=[]):  # every weight is overwritten below: leave the caller's RNG alone
+        model = BertEncoder(config)
     state = convert_bert_state_dict(load_file(str(folder / "model.safetensors")))
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:

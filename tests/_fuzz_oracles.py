@@ -93,9 +93,10 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int) ->
     s = to64(scores)
     if mask is not None and mask.dtype == torch.bool:
         s = np.where(to64(mask), s, -INF)
-    elif mask is not None:  # the documented addition happens in the scores' dtype: so does the oracle's
-        m = mask.to(scores.dtype)
-        s = np.where(to64(m) == -INF, -INF, to64(scores + m))
+    elif mask is not None:  # the documented addition happens in the compute precision: so does the oracle's
+        compute = torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype
+        m = mask.to(compute)
+        s = np.where(to64(m) == -INF, -INF, to64(scores.to(compute) + m))
     s = np.moveaxis(np.broadcast_to(s, tuple(scores.shape)), dim, -1)
     if s.shape[-1] == 0:
         return np.moveaxis(s.copy(), -1, dim)

@@ -6,6 +6,8 @@ ValueError/TypeError naming the argument, or answer with the documented shape, d
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -50,7 +52,7 @@ RAISES = {
                       ValueError, r"backend 'numpy' cannot handle these inputs: .*meta"),
     # OverflowError: int too large to convert to float
     "scale beyond float": (lambda: ac.attention_weights(e(1, 2, 3), e(1, 2, 3), scale=HUGE), ValueError,
-                           r"scale must be a positive, finite float or None, got 1000"),
+                           r"scale must be a finite float or None, got 1000"),
     # IndexError: tuple index out of range
     "masked_softmax 0-d": (lambda: ac.masked_softmax(torch.tensor(1.5410), dim=0), ValueError,
                            r"scores must have at least 1 dim"),
@@ -294,3 +296,214 @@ def test_numpy_scalars_are_numbers():
     q = torch.randn(1, 2, 4)
     torch.testing.assert_close(ac.scaled_dot_product_attention(q, q, q, scale=np.float32(0.5)),
                                ac.scaled_dot_product_attention(q, q, q, scale=0.5))
+
+
+# ------------------------------------------------------------------------------------------------ issue 24
+# The edges the fuzzer did not reach: each reproducer of the issue, what it did before, what it must do now.
+
+ISSUE24_BACKENDS = ["reference", "torch", "chunked", "numpy"]
+
+
+def _qkv24(dtype, B=1, H=2, L=6, S=6, E=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, n, E, generator=g).to(dtype) for n in (L, S, S))
+
+
+@pytest.mark.parametrize("backend", ISSUE24_BACKENDS)
+def test_issue24_fp16_with_a_float32_mask_of_7e4_gives_no_nan(backend):
+    # was: the mask was cast to float16 first, 7e4 became inf, and the row NaN (torch: no NaN)
+    q, k, v = _qkv24(torch.float16)
+    mask = torch.zeros(6, 6)
+    mask[0, 1] = 7e4
+    got = ac.scaled_dot_product_attention(q, k, v, mask, backend=backend)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask)
+    assert not got.isnan().any() and not want.isnan().any()
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+
+
+def test_issue24_masked_softmax_adds_a_float32_mask_to_half_scores_in_float32():
+    # was: NaN in the row holding 7e4 (cast to float16: inf); inf - inf in the softmax
+    scores = torch.randn(3, 4, generator=torch.Generator().manual_seed(0)).half()
+    mask = torch.zeros(3, 4)
+    mask[0, 1] = 7e4
+    w = ac.masked_softmax(scores, mask)
+    assert w.dtype == torch.float16 and not w.isnan().any()
+    assert w[0, 1] == 1 and w[0].sum() == 1
+
+
+@pytest.mark.parametrize("backend", ISSUE24_BACKENDS)
+def test_issue24_bf16_keeps_a_float32_masks_precision(backend):
+    # was: error 0.54 against a float64 oracle (the mask rounded to bfloat16), torch's 0.004
+    q, k, v = _qkv24(torch.bfloat16, B=2, L=16, S=16)
+    mask = 256 + torch.rand(2, 2, 16, 16, generator=torch.Generator().manual_seed(1)) * 3
+    oracle = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), mask.double())
+    torch_err = (torch.nn.functional.scaled_dot_product_attention(q, k, v, mask).double() - oracle).abs().max()
+    err = (ac.scaled_dot_product_attention(q, k, v, mask, backend=backend).double() - oracle).abs().max()
+    assert err <= max(2 * torch_err, 8e-3), (float(err), float(torch_err))
+
+
+@pytest.mark.parametrize("fill", ["one column", "whole rows", "everything"])
+def test_issue24_chunked_takes_finfo_min_like_the_reference(fill):
+    # was: chunked scaled the mask by log2(e), finfo(float32).min overflowed to -inf, and rows of it became
+    # zeros where every other backend (and torch) gives uniform weights
+    q, k, v = _qkv24(torch.float32, L=5, S=7)
+    mask = torch.zeros(5, 7)
+    low = torch.finfo(torch.float32).min
+    if fill == "one column":
+        mask[:, 2] = low
+    elif fill == "whole rows":
+        mask[1:3] = low
+    else:
+        mask[:] = low
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask)
+    for backend in ("reference", "chunked", "torch"):
+        torch.testing.assert_close(ac.scaled_dot_product_attention(q, k, v, mask, backend=backend), want,
+                                   atol=1e-6, rtol=1e-6)
+
+
+def _lm24():
+    from attention_core.language_model import build_language_model
+
+    return build_language_model({"vocab_size": 11, "d_model": 16, "num_layers": 3, "num_heads": 2,
+                                 "max_positions": 10, "seed": 0}).eval()
+
+
+def test_issue24_a_refused_call_leaves_the_kv_cache_as_it_was():
+    # was: layers before the refusing one had appended; the next call returned silently wrong logits
+    from attention_core.backends import Backend, register_backend
+
+    count = {"n": 0}
+
+    def refuse_second(inputs):
+        count["n"] += 1
+        return "refused on purpose" if count["n"] == 2 else None
+
+    register_backend(Backend("issue24_refuses_second", "test only", "attention_core.backends.reference",
+                             lambda: (True, ""), refuse_second), replace=True)
+    model, text = _lm24(), torch.tensor([[1, 2, 3, 4]])
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(text[:, :3], cache)
+        with pytest.raises(ValueError, match="refused on purpose"), ac.use_backend("issue24_refuses_second"):
+            model(text[:, 3:], cache)  # layer 0 appends, layer 1 refuses
+        assert [k.shape[2] for k in cache.keys] == [3, 3, 3] and cache.seen == 3
+        with pytest.raises(ValueError, match="max_positions = 10"):
+            model(torch.ones(1, 8, dtype=torch.long), cache)  # past the rotary table: refused up front
+        got = model(text[:, 3:], cache).logits[:, -1]
+        torch.testing.assert_close(got, model(text).logits[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_issue24_loading_a_model_does_not_reseed_the_global_generator():
+    # was: build_language_model called torch.manual_seed(config["seed"]): two notebooks seeded differently drew
+    # the same numbers after a load
+    torch.manual_seed(1)
+    _lm24()
+    a = torch.rand(3)
+    torch.manual_seed(2)
+    _lm24()
+    assert not torch.equal(a, torch.rand(3))
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", "chunked"])
+def test_issue24_vmap_and_compile_fullgraph(backend):
+    # was: bool(tensor) in the non-finite check: vmap failed in every backend, compile(fullgraph=True) too
+    q, k, v = _qkv24(torch.float32)
+    f = lambda q: ac.scaled_dot_product_attention(q, k, v, backend=backend)  # noqa: E731
+    torch.testing.assert_close(torch.func.vmap(f)(q[None].expand(2, -1, -1, -1, -1)), f(q)[None].expand(2, -1, -1,
+                                                                                                       -1, -1))
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="eager")(q), f(q))
+
+
+@pytest.mark.parametrize("kw", [{"scale": 0.0}, {"scale": -1.5}, {"dropout_p": 1.0}])
+def test_issue24_sdpa_takes_torchs_argument_ranges(kw):
+    # was: ValueError for scale = 0, a negative scale and dropout_p = 1, which torch's SDPA accepts
+    q, k, v = _qkv24(torch.float32)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+    torch.testing.assert_close(ac.scaled_dot_product_attention(q, k, v, **kw), want)
+    if "scale" in kw:
+        for backend in ("reference", "chunked", "numpy"):
+            torch.testing.assert_close(ac.scaled_dot_product_attention(q, k, v, backend=backend, **kw), want)
+
+
+def _mla24(dtype=torch.float32):
+    from attention_core.latent_attention import MultiHeadLatentAttention
+
+    return MultiHeadLatentAttention(16, 2, 8, kv_latent_dim=8, rope_dim=4, max_positions=8).to(dtype).eval()
+
+
+def _charvocab():
+    from attention_core.shakespeare.data import CharVocab
+
+    return CharVocab("abc")
+
+
+def _issue24_contract_calls():
+    from attention_core.language_model import sample_next_token
+    from attention_core.latent_attention import LatentCache
+
+    model = _lm24()
+    full = model.new_cache()
+    with torch.no_grad():
+        model(torch.ones(2, 2, dtype=torch.long), full)
+    mla, latent = _mla24(), LatentCache()
+    with torch.no_grad():
+        mla(torch.zeros(2, 3, 16), latent)
+    big = torch.zeros(1, 1, 300_000, 4)
+    return {
+        # was: IndexError from the embedding
+        "token id past the vocabulary": (lambda: model(torch.tensor([[3, 11]])), ValueError,
+                                         r"tokens must be ids in \[0, 11\).*from 3 to 11"),
+        "negative token id": (lambda: model(torch.tensor([[-1]])), ValueError, r"tokens must be ids in \[0, 11\)"),
+        # was: RuntimeError from torch.cat, after nothing had been checked
+        "cache of another batch size": (lambda: model(torch.ones(3, 1, dtype=torch.long), full), ValueError,
+                                        r"batch size B = 3 but the cache holds B = 2"),
+        "latent cache of another batch size": (lambda: mla(torch.zeros(1, 1, 16), latent), ValueError,
+                                               r"x has batch size B = 1 but the cache holds B = 2"),
+        # was: RuntimeError from a matmul of float32 by float16
+        "half latent attention fed float32": (lambda: _mla24(torch.float16)(torch.zeros(1, 2, 16)), TypeError,
+                                              r"x must have the module's dtype and device \(torch.float16"),
+        "latent positions past the table": (lambda: _mla24()(torch.zeros(1, 9, 16)), ValueError,
+                                            r"max_positions = 8"),
+        # was: RuntimeError from multinomial
+        "NaN logits": (lambda: sample_next_token(torch.tensor([[0.0, math.nan]])), ValueError,
+                       r"logits must hold no NaN or \+inf \(rows \[0\]"),
+        "all -inf logits": (lambda: sample_next_token(torch.full((1, 3), -math.inf)), ValueError,
+                            r"every logit of rows \[0\] is -inf"),
+        "infinite temperature": (lambda: sample_next_token(torch.zeros(1, 3), math.inf), ValueError,
+                                 r"temperature must be a finite float >= 0, got inf"),
+        # was: the library tried to allocate (hundreds of GiB)
+        "scores that cannot fit": (lambda: ac.scaled_dot_product_attention(big, big, big, backend="reference"),
+                                   MemoryError, r"\(1, 1, 300000, 300000\) scores and weights would take .* GiB"),
+        "weights that cannot fit": (lambda: ac.attention_weights(big, big), ValueError,
+                                    r"attention_weights's .* would take"),
+        "a mask that cannot fit": (lambda: ac.causal_mask(10**6, 10**6), ValueError,
+                                   r"\(L, S\) = \(1000000, 1000000\) bool mask would take"),
+        # was: a negative id wrapped around to the vocabulary's last characters; a float id raised from a list index
+        "negative id in CharVocab.decode": (lambda: _charvocab().decode(torch.tensor([0, -1])), ValueError,
+                                            r"ids must be in \[0, 3\).*got \[-1\]"),
+        "float ids in CharVocab.decode": (lambda: _charvocab().decode(torch.tensor([0.5])), TypeError,
+                                          r"ids must be integers"),
+        # was: TypeError: object of type 'bool' has no len() (found by tests/test_fuzz_modules.py)
+        "latent attention given a non-cache": (lambda: _mla24()(torch.zeros(1, 2, 16), False), TypeError,
+                                               r"cache must be a LatentCache or None, got bool"),
+        # was: ZeroDivisionError in the message that explains a head mismatch
+        "zero key heads": (lambda: ac.scaled_dot_product_attention(e(2, 0, 1), e(0, 0, 1), e(0, 0, 1)),
+                           ValueError, r"query has Hq=2 heads but key has H=0"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_issue24_contract_calls()))
+def test_issue24_contract_of_the_newer_modules(name):
+    call, exc, pattern = _issue24_contract_calls()[name]
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_issue24_tiny_temperature_tends_to_greedy():
+    # was: logits / 1e-30 overflowed to inf, softmax gave NaN and multinomial raised
+    from attention_core.language_model import sample_next_token
+
+    logits = torch.tensor([[1.0, 5.0, 2.0], [3.0, 0.0, -1.0]])
+    for t in (1e-30, 1e-300, 5e-45):
+        assert sample_next_token(logits, t).tolist() == [1, 0]

@@ -8,9 +8,10 @@ and receives *canonical* inputs, already validated by :func:`attention_core.scal
 
 - ``query`` (B, Hq, L, E), ``key`` (B, H, S, E), ``value`` (B, H, S, Ev), one floating dtype, one device;
   ``Hq % H == 0``, and ``H == Hq`` unless ``enable_gqa``;
-- ``attn_mask`` is ``None`` or 4-D and broadcasts to (B, Hq, L, S); bool (True = takes part) or in the
-  query's dtype (added to the scores); never given together with ``is_causal``;
-- ``scale`` is a positive float (the default ``1/sqrt(E)`` is already filled in).
+- ``attn_mask`` is ``None`` or 4-D and broadcasts to (B, Hq, L, S); bool (True = takes part) or float in the
+  compute dtype (float32 for float16/bfloat16 queries, else the query's dtype), added to the scores in that
+  precision, as torch's SDPA does; never given together with ``is_causal``;
+- ``scale`` is a finite float, zero and negative included as in torch (the default ``1/sqrt(E)`` is already filled in).
 
 A fully masked query row gives zeros in every backend.
 
@@ -113,8 +114,13 @@ class Backend:
     auto_ok: Callable[[AttentionInputs], bool] = lambda inputs: True
 
     def load(self) -> Callable[..., torch.Tensor]:
-        """Import the implementation (once; Python caches modules) and return its function."""
-        return getattr(importlib.import_module(self.module), self.function)
+        """Import the implementation (once) and return its function; later calls read a dict, which
+        ``torch.compile`` traces (it will not trace ``importlib``)."""
+        fn = _LOADED.get((self.module, self.function))
+        if fn is None:
+            fn = getattr(importlib.import_module(self.module), self.function)
+            _LOADED[(self.module, self.function)] = fn
+        return fn
 
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
         """Run the implementation on canonical inputs; returns (B, Hq, L, Ev)."""
@@ -126,6 +132,7 @@ class Backend:
 
 
 _REGISTRY: dict[str, Backend] = {}
+_LOADED: dict[tuple[str, str], Callable[..., torch.Tensor]] = {}  # (module, function) -> the function
 _CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention_backend", default=None)
 
 #: The automatic choice tries these in order and takes the first that is available and supports the inputs.
@@ -304,3 +311,7 @@ register_backend(Backend(
     "attention_core.backends.cuda_flash", fused_checks.cuda_available, fused_checks.cuda_supports,
     runs_on=lambda device_type: device_type == "cuda",
 ))
+# The backends written in plain torch import nothing heavy: load them now, so that a first call made under
+# torch.compile finds them without an import.
+for _name in ("reference", "torch", "chunked"):
+    _REGISTRY[_name].load()

@@ -10,7 +10,8 @@ rescale them whenever a new tile raises the max:
 Exponentials are taken base 2, as in FlashAttention and the Triton tutorial: ``log2(e)`` is folded into the
 score scale once per query tile, so ``exp(x) = exp2(x * log2(e))`` costs no extra pass, and ``exp2`` is the
 cheaper instruction (torch's ``exp2_`` takes a fraction of the time of ``exp_`` on x86 CPUs). The running max
-and the log-sum-exp live in base-2 units inside the loops; ``lse`` is stored in natural units.
+and the log-sum-exp live in base-2 units inside the loops (natural units when a float mask is added: see
+``_Tiles``); ``lse`` is stored in natural units.
 
 The backward recomputes each tile's probabilities from the saved log-sum-exp ``lse = m + log(l)``
 (``p = exp(s - lse)``), as FlashAttention-2 does, so neither pass holds more than one tile of scores at a
@@ -37,13 +38,15 @@ measurements are in ``benchmarks/NOTES.md``), as PyTorch's own C++ kernel does:
 - **Causal tiles end at the diagonal.** A query tile visits the key tiles up to its own last row, and the
   one tile the diagonal crosses takes its mask as a slice of one band made once per call.
 
-Layout, as in the Triton tutorial: tile loops -> launcher (validate, allocate) -> ``torch.autograd.Function``
--> public function. Dropout is not supported (the registry says so before a call gets here).
+Layout, as in the Triton tutorial: tile loops -> launcher (validate, allocate) -> a custom operator with its
+autograd, fake (shapes for ``torch.compile``) and vmap rules -> public function. Dropout is not supported
+(the registry says so before a call gets here).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Optional, Tuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -113,7 +116,13 @@ class _Tiles:
             attn_mask = ~attn_mask  # bool: True = hidden from here on, inverted once rather than per tile
         self.mask = None if attn_mask is None else _mask_5d(attn_mask, H, self.G)
         self.is_causal, self.scale = is_causal, scale
-        self.scale2 = scale * _LOG2E  # scores in base-2 units: exp(scale * q.k) == exp2(scale2 * q.k)
+        # Scores in base-2 units (exp(scale * q.k) == exp2(scale2 * q.k)), except with a float mask: it is added
+        # as given, in natural units, because scaling it by log2(e) would overflow a finite mask such as
+        # finfo(float32).min to -inf, and a row of such entries would turn from uniform (the reference's answer)
+        # into zeros. Those tiles use exp and log instead of exp2 and log2; the loops read the unit from here.
+        self.natural = attn_mask is not None and attn_mask.is_floating_point()
+        self.unit = 1.0 if self.natural else _LOG2E  # score units per natural unit
+        self.scale2 = scale * self.unit
         self.block_q, self.block_k = block_q, block_k
         bq, bk = min(block_q, L), min(block_k, S)  # the largest tile
         if is_causal:
@@ -128,6 +137,10 @@ class _Tiles:
         self.rows, self.keys = self.G * bq, bk  # the largest tile of one head: (G * bq, bk)
         short = block_q * block_k // max(1, self.rows * self.keys)
         self.heads = max(1, min(B * H, max(torch.get_num_threads(), short)))  # at least 1, even when B*H = 0
+
+    def exp_(self, x: torch.Tensor) -> torch.Tensor:
+        """``exp2`` in place, of scores in base-2 units (``exp`` in the natural units of a float mask's tiles)."""
+        return x.exp_() if self.natural else x.exp2_()
 
     def head_steps(self):
         """Ranges [h0, h1) of the B*H (batch, kv-head) pairs, ``heads`` at a time."""
@@ -151,7 +164,7 @@ class _Tiles:
         return out
 
     def scores(self, q_tile, h0: int, h1: int, r0: int, r1: int, s0: int, s1: int, out) -> torch.Tensor:
-        """Masked scores of one tile in base-2 units (q_tile carries ``scale2``), written into ``out``."""
+        """Masked scores of one tile in the tiles' units (q_tile carries ``scale2``), written into ``out``."""
         s = torch.bmm(q_tile, self.k_t[h0:h1, :, s0:s1], out=out)  # (hb, G*bl, E) @ (hb, E, bs) -> (hb, G*bl, bs)
         s4 = s.view(h1 - h0, self.G, r1 - r0, s1 - s0)  # (hb, G*bl, bs) -> (hb, G, bl, bs)
         if self.mask is not None:
@@ -159,7 +172,7 @@ class _Tiles:
             if m.dtype == torch.bool:
                 s4.masked_fill_(m, _NEG_INF)  # m is True where a key is hidden
             else:
-                s4.add_(m, alpha=_LOG2E)  # an additive mask in base-2 units, like the scores
+                s4.add_(m)  # an additive mask: the scores are in natural units here (see ``natural``)
         if self.is_causal and s1 - 1 > r0:  # the tile crosses the diagonal: hide keys j > i
             c0 = s0 - r0 + self.keys  # (self.keys is the band's bk)
             s4.masked_fill_(self.band[: r1 - r0, c0 : c0 + s1 - s0], _NEG_INF)  # (bl, bs), broadcast
@@ -209,8 +222,8 @@ def _forward_tiles(t: _Tiles, out: torch.Tensor, lse: torch.Tensor) -> None:
                 s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))  # (hb, n, bs)
                 torch.amax(s, dim=-1, keepdim=True, out=m_new)  # the tile's row max...
                 m_new = torch.maximum(m, m_new, out=m_new)  # ...and the running one, (hb, n, 1)
-                p = s.sub_(m_new).exp2_()  # (hb, n, bs), in place: the scores are not needed again
-                alpha = torch.sub(m, m_new, out=alpha).exp2_()  # rescales what was summed under the old max
+                p = t.exp_(s.sub_(m_new))  # (hb, n, bs), exp2 in place: the scores are not needed again
+                alpha = t.exp_(torch.sub(m, m_new, out=alpha))  # rescales what was summed under the old max
                 denom = torch.addcmul(p.sum(dim=-1, keepdim=True), denom, alpha, out=denom)  # l * alpha + rowsum(p)
                 acc.mul_(alpha).baddbmm_(p, t.v[h0:h1, s0:s1])  # acc * alpha + (hb, n, bs) @ (hb, bs, Ev)
                 m, m_new = m_new, m  # the new max becomes the running one; the old one's buffer is reused
@@ -218,7 +231,8 @@ def _forward_tiles(t: _Tiles, out: torch.Tensor, lse: torch.Tensor) -> None:
             denom.masked_fill_(dead, 1.0)
             shape = (hb, t.G, r1 - r0)
             torch.div(acc.view(*shape, Ev), denom.view(*shape, 1), out=out[h0:h1, :, r0:r1])  # (hb, G, bl, Ev)
-            lse_tile = ((m + denom.log2()) * _LN2).masked_fill_(dead, float("inf"))  # (hb, n, 1), natural units
+            lse_tile = (m + denom.log()) if t.natural else (m + denom.log2()) * _LN2  # (hb, n, 1), natural units
+            lse_tile.masked_fill_(dead, float("inf"))
             lse[h0:h1, :, r0:r1] = lse_tile.view(*shape, 1)  # (hb, n, 1) -> (hb, G, bl, 1)
 
 
@@ -231,7 +245,7 @@ def _backward_tiles(
     dk = torch.zeros_like(t.k)  # (BH, S, E), summed over query tiles
     dv = torch.zeros_like(t.v)  # (BH, S, Ev)
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (BH, G, L, 1): rowsum(dO * O) = rowsum(P * dP)
-    lse2 = lse * _LOG2E  # (BH, G, L, 1), base-2 units like the scores
+    lse2 = lse * t.unit  # (BH, G, L, 1), in the scores' units (base 2 unless a float mask is given)
     n_max = t.heads * t.rows
     buf = _Scratch(t.q, q=n_max * E, do=n_max * Ev, lse=n_max, delta=n_max, dq=n_max * E,
                    s=n_max * t.keys, dp=n_max * t.keys)
@@ -249,7 +263,7 @@ def _backward_tiles(
             dq_tile = buf.take("dq", hb, n, E).zero_()  # (hb, n, E)
             for s0, s1 in t.key_tiles(r0, r1):
                 s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))
-                p = s.sub_(lse_tile).exp2_()  # (hb, n, bs), recomputed from the saved log-sum-exp
+                p = t.exp_(s.sub_(lse_tile))  # (hb, n, bs), recomputed from the saved log-sum-exp
                 dv_h[:, s0:s1].baddbmm_(p.transpose(1, 2), do_tile)  # += (hb, bs, n) @ (hb, n, Ev)
                 dp = torch.bmm(do_tile, v_t[:, :, s0:s1], out=buf.take("dp", hb, n, s1 - s0))  # (hb, n, bs)
                 ds = dp.sub_(delta_tile).mul_(p)  # (hb, n, bs): dS = P * (dP - delta)
@@ -257,7 +271,8 @@ def _backward_tiles(
                 dk_h[:, s0:s1].baddbmm_(ds.transpose(1, 2), q_tile)  # += (hb, bs, n) @ (hb, n, E), q * scale2
             shape = (hb, t.G, r1 - r0, E)
             torch.mul(dq_tile.view(shape), t.scale, out=dq[h0:h1, :, r0:r1])  # (hb, n, E) -> (hb, G, bl, E)
-    dk.mul_(_LN2)  # q_tile carried scale * log2(e); dK wants q * scale
+    if not t.natural:
+        dk.mul_(_LN2)  # q_tile carried scale * log2(e); dK wants q * scale
     return dq, dk, dv
 
 
@@ -287,7 +302,9 @@ def _launch_forward(query, key, value, attn_mask, is_causal, scale, block_q, blo
 
 
 class _ChunkedAttention(torch.autograd.Function):
-    """Forward by online softmax over tiles; backward recomputes each tile from the saved log-sum-exp."""
+    """Forward by online softmax over tiles; backward recomputes each tile from the saved log-sum-exp. The eager
+    path: every tile's operations run (and show) one by one; under ``torch.compile`` or ``torch.func`` the same
+    loops run inside the custom operator below."""
 
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, is_causal, scale, block_q, block_k):
@@ -308,6 +325,84 @@ class _ChunkedAttention(torch.autograd.Function):
         dk = dk.to(key.dtype).view(key.shape)  # (B*H, S, E) -> (B, H, S, E)
         dv = dv.to(value.dtype).view(value.shape)  # (B*H, S, Ev) -> (B, H, S, Ev)
         return dq, dk, dv, None, None, None, None, None
+
+
+# A custom operator (as flash-attn registers its kernels): torch.compile sees one opaque call with a fake
+# implementation that gives the output shapes, instead of tracing the tile loops; autograd and vmap rules are
+# registered beside it. The forward returns the output in the compute dtype (the backward reads it) and lse.
+
+
+@torch.library.custom_op("attention_core::chunked_forward", mutates_args=())
+def _forward_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                is_causal: bool, scale: float, block_q: int, block_k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(B, Hq, L, Ev) in the compute dtype, and lse (B*H, G, L, 1)."""
+    _, out, lse = _launch_forward(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+    B, Hq, L, Ev = query.shape[0], query.shape[1], query.shape[2], value.shape[-1]
+    return out.view(B, Hq, L, Ev), lse  # (B*H, G, L, Ev) -> (B, Hq, L, Ev)
+
+
+@_forward_op.register_fake
+def _(query, key, value, attn_mask, is_causal, scale, block_q, block_k):
+    B, Hq, L, _ = query.shape
+    H, dt = key.shape[1], _compute_dtype(query.dtype)
+    return (query.new_empty((B, Hq, L, value.shape[-1]), dtype=dt),
+            query.new_empty((B * H, Hq // max(H, 1), L, 1), dtype=dt))
+
+
+@torch.library.custom_op("attention_core::chunked_backward", mutates_args=())
+def _backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attn_mask: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, is_causal: bool,
+                 scale: float, block_q: int, block_k: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients for query, key, value, in their dtypes."""
+    t = _Tiles(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+    out = out.reshape(lse.shape[:3] + out.shape[-1:])  # (B, Hq, L, Ev) -> (B*H, G, L, Ev)
+    grad_out = grad_out.to(t.dtype).reshape(out.shape)  # (B, Hq, L, Ev) -> (B*H, G, L, Ev)
+    dq, dk, dv = _backward_tiles(t, grad_out, out, lse)
+    return (dq.to(query.dtype).reshape(query.shape),  # (B*H, G, L, E) -> (B, Hq, L, E)
+            dk.to(key.dtype).reshape(key.shape),  # (B*H, S, E) -> (B, H, S, E)
+            dv.to(value.dtype).reshape(value.shape))  # (B*H, S, Ev) -> (B, H, S, Ev)
+
+
+@_backward_op.register_fake
+def _(grad_out, query, key, value, attn_mask, out, lse, is_causal, scale, block_q, block_k):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    query, key, value, attn_mask, is_causal, scale, block_q, block_k = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, attn_mask, out, lse)
+    ctx.config = (is_causal, scale, block_q, block_k)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, attn_mask, out, lse = ctx.saved_tensors
+    dq, dk, dv = _backward_op(grad_out, query, key, value, attn_mask, out, lse, *ctx.config)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _fold(x: Optional[torch.Tensor], dim: Optional[int], n: int, lead: int) -> Optional[torch.Tensor]:
+    """vmap's dim of ``x`` (or a new one of size ``n``) folded into its first dim, grown to ``lead`` first."""
+    if x is None:
+        return None
+    x = x.unsqueeze(0).expand(n, *x.shape) if dim is None else x.movedim(dim, 0)  # (n, d0, ...)
+    x = x.expand(n, lead, *x.shape[2:]) if x.shape[1] != lead else x  # a broadcast dim 0 of a mask
+    return x.reshape(n * lead, *x.shape[2:])  # (n, d0, ...) -> (n * d0, ...)
+
+
+def _forward_vmap(info, in_dims, query, key, value, attn_mask, is_causal, scale, block_q, block_k):
+    """vmap: the mapped dim joins the batch, (n, B, ...) -> (n * B, ...), one call, then split again."""
+    n, dq, dk, dv, dm = info.batch_size, *in_dims[:4]
+    B = (query.shape[1:] if dq is not None else query.shape)[0]
+    q, k, v = (_fold(t, d, n, B) for t, d in ((query, dq), (key, dk), (value, dv)))
+    out, lse = _forward_op(q, k, v, _fold(attn_mask, dm, n, B), is_causal, scale, block_q, block_k)
+    return (out.unflatten(0, (n, B)), lse.unflatten(0, (n, -1))), (0, 0)
+
+
+torch.library.register_vmap("attention_core::chunked_forward", _forward_vmap)
 
 
 # ---------------------------------------------------------------------------------------------- public
@@ -335,7 +430,7 @@ def chunked_attention(
         key: (B, H, S, E), ``Hq % H == 0``.
         value: (B, H, S, Ev).
         attn_mask: ``None`` or 4-D, broadcastable to (B, Hq, L, S): bool (True = takes part) or float
-            (added), in the query's dtype; no gradient flows to it.
+            (added), float32 or the query's dtype; no gradient flows to it.
         is_causal: upper-left aligned causal mask; tiles above the diagonal are skipped.
         scale: score scale, default ``1/sqrt(E)``.
         enable_gqa: accepted for signature parity: GQA follows from ``Hq != H``.
@@ -345,8 +440,20 @@ def chunked_attention(
     Returns:
         (B, Hq, L, Ev) in the query's dtype; fully masked rows are zeros.
     """
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"{name} must be a positive int, got {b!r}")
     scale = query.shape[-1] ** -0.5 if scale is None else scale
+    if _traced(query, key, value, attn_mask):  # compile or a torch.func transform: one opaque, registered call
+        out, _ = _forward_op(query, key, value, attn_mask, is_causal, float(scale), block_q, block_k)
+        return out.to(query.dtype)
     return _ChunkedAttention.apply(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+
+
+def _traced(*tensors: Optional[torch.Tensor]) -> bool:
+    """Under ``torch.compile`` or a ``torch.func`` transform (vmap, grad, ...)?"""
+    return torch.compiler.is_compiling() or any(
+        t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def attention(

@@ -82,6 +82,8 @@ class CharVocab:
 
     def encode(self, text: str) -> torch.Tensor:
         """(len(text),) int64 ids; a character outside the vocabulary raises ``ValueError``."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
         unknown = sorted(set(text) - self.index.keys())
         if unknown:
             raise ValueError(f"text has characters outside the vocabulary: {unknown[:5]!r}")
@@ -89,7 +91,21 @@ class CharVocab:
 
     def decode(self, ids: torch.Tensor) -> str:
         """The text of a 1-D sequence of ids."""
-        return "".join(self.chars[i] for i in torch.as_tensor(ids).flatten().tolist())
+        if not isinstance(ids, torch.Tensor):
+            try:
+                ids = torch.as_tensor(ids)
+            except (TypeError, ValueError, RuntimeError) as err:
+                raise TypeError(f"ids must be a sequence or tensor of integers, got {type(ids).__name__}: {err}"
+                                ) from None
+        if ids.device.type == "meta":
+            raise ValueError("ids is a meta tensor: it has no values to decode")
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"ids must be integers, got dtype {ids.dtype}")
+        ids = ids.flatten().tolist()
+        bad = [i for i in ids if not 0 <= i < len(self.chars)]
+        if bad:  # a negative id would otherwise wrap around silently
+            raise ValueError(f"ids must be in [0, {len(self.chars)}) (the vocabulary's size), got {bad[:5]}")
+        return "".join(self.chars[i] for i in ids)
 
 
 @dataclass

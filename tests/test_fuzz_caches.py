@@ -1,0 +1,239 @@
+"""Caches are transactional: a state machine drives random prefills, decodes, refused calls, resets and batch
+changes through a small language model (and a latent-attention layer), and after every step checks the cache
+against a recomputation from the tokens that were accepted.
+
+A refused call must leave the cache exactly as it was. The refusals drawn: a token id out of the vocabulary, a
+batch of another size, positions past ``max_positions``, and a backend that refuses in a chosen layer (the
+first, or a later one, after earlier layers have already appended their keys and values).
+
+Steps: ``make test`` (profile ``fuzz``) runs a few hundred; ``make fuzz`` (profile ``slow``) a few thousand.
+Hypothesis prints the counts with ``--hypothesis-show-statistics``; each test also prints its step count.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+import attention_core as ac
+from attention_core import language_model as lm
+from attention_core.backends import Backend, register_backend
+from attention_core.latent_attention import LatentCache, MultiHeadLatentAttention
+
+PROFILE = os.environ.get("AC_FUZZ_PROFILE", "fuzz")
+#: (examples, steps per example): about 300 steps in `make test`, 2,500 in `make fuzz`.
+RUNS = {"fuzz": (30, 10), "slow": (250, 10)}[PROFILE]
+MACHINE = settings(settings.get_profile(PROFILE), max_examples=RUNS[0], stateful_step_count=RUNS[1])
+
+V, MAX_POS, LAYERS = 13, 14, 3
+MODEL = lm.build_language_model(dict(vocab_size=V, d_model=16, num_layers=LAYERS, num_heads=2, num_kv_heads=1,
+                                     max_positions=MAX_POS, seed=0)).eval()
+CACHES = {"full": {}, "window": {"window": 4}, "sinks": {"window": 3, "sinks": 1}}
+STEPS = {"model": 0, "latent": 0}
+
+# A backend that refuses the n-th attention call it is asked about (0: refuses nothing): the refusal then
+# comes from inside the chosen layer, after the layers before it have appended to the cache.
+_REFUSE = {"at": 0, "seen": 0}
+
+
+def _refuse_nth(inputs) -> str | None:
+    _REFUSE["seen"] += 1
+    return "refused on purpose by the test" if _REFUSE["seen"] == _REFUSE["at"] else None
+
+
+register_backend(Backend("test_refuses_nth", "test only", "attention_core.backends.reference",
+                         lambda: (True, ""), _refuse_nth), replace=True)
+
+
+def _tokens(seed: int, batch: int, n: int) -> torch.Tensor:
+    return torch.randint(0, V, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _state(cache: lm.KVCache):
+    return [(k.clone(), v.clone()) if k is not None else None for k, v in zip(cache.keys, cache.values)], cache.seen
+
+
+def _same_state(a, b) -> bool:
+    (layers_a, seen_a), (layers_b, seen_b) = a, b
+    if seen_a != seen_b:
+        return False
+    for x, y in zip(layers_a, layers_b):
+        if (x is None) != (y is None):
+            return False
+        if x is not None and not (torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])):
+            return False
+    return True
+
+
+class KVCacheMachine(RuleBasedStateMachine):
+    """One cache and the tokens it accepted; every refused call must leave the cache bit-for-bit as it was."""
+
+    @initialize(kind=st.sampled_from(sorted(CACHES)), batch=st.integers(1, 3))
+    def start(self, kind, batch):
+        self.kind, self.batch = kind, batch
+        self.cache = MODEL.new_cache(**CACHES[kind])
+        self.accepted = torch.zeros(batch, 0, dtype=torch.long)
+        self.last = None  # the logits of the last accepted call's last position
+
+    def _feed(self, tokens: torch.Tensor) -> None:
+        with torch.no_grad():
+            out = MODEL(tokens, self.cache)
+        self.accepted = torch.cat([self.accepted, tokens], dim=1)
+        self.last = out.logits[:, -1]
+
+    @rule(seed=st.integers(0, 2**31), n=st.integers(1, 5))
+    def prefill_or_decode(self, seed, n):
+        needed = self.accepted.shape[1] + n if self.kind == "full" else len(self.cache) + n
+        if self.kind == "sinks":
+            needed = min(needed, self.cache.capacity)
+        tokens = _tokens(seed, self.batch, n)
+        if needed > MAX_POS:  # past the rotary table: refused, before anything is appended
+            before = _state(self.cache)
+            with pytest.raises(ValueError, match="max_positions"):
+                MODEL(tokens, self.cache)
+            assert _same_state(before, _state(self.cache))
+            event("refused: past max_positions")
+            return
+        self._feed(tokens)
+        event("prefill" if self.accepted.shape[1] == n else "decode")
+
+    @rule(seed=st.integers(0, 2**31), n=st.integers(1, 3),
+          how=st.sampled_from(["vocab high", "vocab negative", "batch", "backend, first layer",
+                               "backend, later layer"]))
+    def refused_call(self, seed, n, how):
+        before = _state(self.cache)
+        tokens = _tokens(seed, self.batch, n)
+        _REFUSE["at"], _REFUSE["seen"] = 0, 0
+        if how == "vocab high":
+            tokens[0, -1] = V
+        elif how == "vocab negative":
+            tokens[-1, 0] = -1
+        elif how == "batch":
+            if len(self.cache) == 0:  # an empty cache takes a batch of any size
+                return
+            tokens = _tokens(seed, self.batch + 1, n)
+        else:
+            _REFUSE["at"] = 1 if how == "backend, first layer" else 1 + seed % (LAYERS - 1) + 1
+        backend = "test_refuses_nth" if how.startswith("backend") else None
+        with pytest.raises(ValueError, match="tokens|refused on purpose|max_positions"):
+            with torch.no_grad(), ac.use_backend(backend):
+                MODEL(tokens, self.cache)
+        _REFUSE["at"] = 0
+        assert _same_state(before, _state(self.cache)), f"a refused call ({how}) changed the cache"
+        event(f"refused: {how}")
+
+    @rule(batch=st.integers(1, 3))
+    def reset(self, batch):
+        self.cache.reset()
+        self.batch, self.accepted, self.last = batch, torch.zeros(batch, 0, dtype=torch.long), None
+        event("reset" + (", batch changed" if batch != self.accepted.shape[0] else ""))
+
+    @invariant()
+    def equals_recomputation(self):
+        STEPS["model"] += 1
+        fresh = MODEL.new_cache(**CACHES[self.kind])
+        n = self.accepted.shape[1]
+        assert self.cache.seen == n
+        if n == 0:
+            assert all(k is None for k in self.cache.keys)
+            return
+        chunk = n if self.kind == "full" else MAX_POS // 2  # a rolling cache's text may outgrow the table
+        with torch.no_grad():
+            for t0 in range(0, n, chunk):
+                full = MODEL(self.accepted[:, t0 : t0 + chunk], fresh)
+        assert len(self.cache) == len(fresh) and self.cache.seen == fresh.seen
+        for layer in range(LAYERS):
+            torch.testing.assert_close(self.cache.keys[layer], fresh.keys[layer], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(self.cache.values[layer], fresh.values[layer], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(self.last, full.logits[:, -1], atol=1e-5, rtol=1e-5)
+
+
+MLA = MultiHeadLatentAttention(embed_dim=16, num_heads=2, head_dim=8, kv_latent_dim=8, rope_dim=4,
+                               max_positions=MAX_POS).eval()
+
+
+class LatentCacheMachine(RuleBasedStateMachine):
+    """The same for a latent-attention layer's :class:`LatentCache` (its one attention call may be refused)."""
+
+    @initialize(batch=st.integers(1, 3), absorbed=st.booleans())
+    def start(self, batch, absorbed):
+        self.batch, self.absorbed = batch, absorbed
+        self.cache = LatentCache()
+        gen = torch.Generator().manual_seed(batch)
+        self.x = torch.zeros(batch, 0, 16)
+        self.pool = torch.randn(4, MAX_POS + 4, 16, generator=gen)  # inputs to draw from
+        self.last = None
+
+    def _snap(self):
+        return tuple(None if t is None else t.clone() for t in (self.cache.latent, self.cache.rope_key))
+
+    def _unchanged(self, before) -> bool:
+        now = (self.cache.latent, self.cache.rope_key)
+        return all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+                   for a, b in zip(before, now))
+
+    @rule(n=st.integers(1, 5), how=st.sampled_from(["accept", "accept", "backend", "batch", "dtype"]))
+    def call(self, n, how):
+        past = self.x.shape[1]
+        x = self.pool[: self.batch, past : past + n]  # (B, n, 16)
+        before = self._snap()
+        if how == "batch" and past == 0:  # an empty cache takes a batch of any size
+            how = "accept"
+        refuse = past + n > MAX_POS or how != "accept"
+        if how == "batch":
+            x = self.pool[: self.batch + 1, past : past + n]
+        elif how == "dtype":
+            x = x.double()
+        _REFUSE["at"], _REFUSE["seen"] = (1 if how == "backend" else 0), 0
+        backend = "test_refuses_nth" if how == "backend" else None
+        if refuse:
+            with pytest.raises((ValueError, TypeError)), torch.no_grad(), ac.use_backend(backend):
+                MLA(x, self.cache, absorbed=self.absorbed)
+            _REFUSE["at"] = 0
+            assert self._unchanged(before)
+            event(f"latent: refused ({'max_positions' if how == 'accept' else how})")
+            return
+        with torch.no_grad():
+            out, _ = MLA(x, self.cache, absorbed=self.absorbed)
+        self.x = torch.cat([self.x, x], dim=1)
+        self.last = out[:, -1]
+        event("latent: accepted")
+
+    @rule(batch=st.integers(1, 3))
+    def reset(self, batch):
+        self.cache.reset()
+        self.batch, self.x, self.last = batch, torch.zeros(batch, 0, 16), None
+
+    @invariant()
+    def equals_recomputation(self):
+        STEPS["latent"] += 1
+        assert len(self.cache) == self.x.shape[1]
+        if self.x.shape[1] == 0:
+            return
+        fresh = LatentCache()
+        with torch.no_grad():
+            out, _ = MLA(self.x, fresh, absorbed=self.absorbed)
+        torch.testing.assert_close(self.cache.latent, fresh.latent, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(self.cache.rope_key, fresh.rope_key, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(self.last, out[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_is_transactional():
+    STEPS["model"] = 0
+    KVCacheMachine.TestCase.settings = MACHINE
+    KVCacheMachine.TestCase().runTest()
+    print(f"KVCache state machine: {STEPS['model']} checked steps")
+    assert STEPS["model"] >= RUNS[0]
+
+
+def test_latent_cache_is_transactional():
+    STEPS["latent"] = 0
+    LatentCacheMachine.TestCase.settings = MACHINE
+    LatentCacheMachine.TestCase().runTest()
+    print(f"LatentCache state machine: {STEPS['latent']} checked steps")
+    assert STEPS["latent"] >= RUNS[0]

@@ -1,0 +1,170 @@
+"""The fuzz property of tests/test_fuzz.py extended to the newer modules: the language model and its cache,
+sampling, latent attention, the vocabularies and checkpoints. Each call either answers (with the documented
+shape and range) or raises ``ValueError``/``TypeError`` naming one of its arguments; anything else fails.
+
+Profiles as in tests/test_fuzz.py (``fuzz`` in ``make test``, ``slow`` in ``make fuzz``); the example counts
+are printed with ``--hypothesis-show-statistics``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from test_fuzz import FUZZ, ODD, answer, tensors
+
+from attention_core import language_model as lm
+from attention_core.checkpoint import load_checkpoint, save_checkpoint
+from attention_core.latent_attention import LatentCache, MultiHeadLatentAttention
+from attention_core.shakespeare.data import CharVocab
+from attention_core.translation.data import Vocab
+
+V = 9
+MODEL = lm.build_language_model({"vocab_size": V, "d_model": 8, "num_layers": 2, "num_heads": 2,
+                                 "max_positions": 12, "seed": 0}).eval()
+MLA = MultiHeadLatentAttention(8, 2, 4, kv_latent_dim=4, rope_dim=2, max_positions=12).eval()
+SMALL = settings(FUZZ, max_examples=max(50, FUZZ.max_examples // 3))  # each call runs a model
+
+
+def mostly(usual, *odd):
+    """``usual`` three times in four, else one of ``odd`` (``st.one_of`` would flatten ODD's many branches and
+    draw from it far more often)."""
+    return st.integers(0, 3).flatmap(lambda i: usual if i < 3 else st.one_of(*odd))
+
+
+def token_tensors():
+    ids = st.builds(lambda b, n, lo, hi, seed: torch.randint(lo, hi + 1, (b, n),
+                                                             generator=torch.Generator().manual_seed(seed)),
+                    st.integers(0, 3), st.integers(0, 14), st.sampled_from([0, 0, 0, -1]),
+                    st.sampled_from([V - 1, V - 1, V - 1, 0, V]), st.integers(0, 2**31))
+    return mostly(ids, tensors(max_rank=3, max_dim=4), ODD)
+
+
+@st.composite
+def caches(draw):
+    kind = draw(st.sampled_from(["none", "fresh", "filled", "window", "odd"]))
+    if kind == "none":
+        return None
+    if kind == "odd":
+        return draw(ODD)
+    cache = MODEL.new_cache(window=3) if kind == "window" else MODEL.new_cache()
+    if kind == "filled":
+        with torch.no_grad():
+            MODEL(torch.zeros(draw(st.integers(1, 3)), draw(st.integers(1, 11)), dtype=torch.long), cache)
+    return cache
+
+
+def _state(cache):
+    if not isinstance(cache, lm.KVCache):
+        return None
+    return [None if k is None else k.clone() for k in cache.keys], cache.seen
+
+
+@SMALL
+@given(tokens=token_tensors(), cache=caches(), need_weights=mostly(st.booleans(), ODD))
+def test_language_model_forward(tokens, cache, need_weights):
+    before = _state(cache)
+    with torch.no_grad():
+        out = answer(MODEL, tokens, cache, need_weights=need_weights,
+                     names=["tokens", "cache", "need_weights", "vocab_size", "max_positions"])
+    if out is None:
+        after = _state(cache)
+        assert before is None or (before[1] == after[1] and all(
+            (a is None and b is None) or torch.equal(a, b) for a, b in zip(before[0], after[0]))), \
+            "a refused call changed the cache"
+        return
+    B, L = tokens.shape
+    assert out.logits.shape == (B, L, V) and out.logits.dtype == torch.float32
+    assert torch.isfinite(out.logits).all()
+
+
+VALID_LOGITS = st.builds(lambda b, v, seed, dt: (torch.randn(b, v, generator=torch.Generator().manual_seed(seed))
+                                                 * 10).to(dt), st.integers(0, 3), st.integers(1, 6),
+                        st.integers(0, 2**31), st.sampled_from([torch.float32, torch.float16, torch.float64]))
+
+
+@settings(FUZZ)
+@given(logits=mostly(VALID_LOGITS, tensors(max_rank=3, max_dim=5), ODD),
+       temperature=mostly(st.sampled_from([0.0, 1.0, 0.7, 1e-30, 1e-300, 5e-45, 1e30]), ODD),
+       top_k=mostly(st.none() | st.integers(1, 6), ODD), top_p=mostly(st.none() | st.floats(0.01, 1.0), ODD),
+       seed=st.integers(0, 2**31))
+def test_sample_next_token(logits, temperature, top_k, top_p, seed):
+    got = answer(lm.sample_next_token, logits, temperature, top_k, top_p, torch.Generator().manual_seed(seed),
+                 names=["logits", "temperature", "top_k", "top_p", "generator"])
+    if got is None:
+        return
+    B, Vl = logits.shape
+    assert got.shape == (B,) and got.dtype == torch.int64
+    assert ((got >= 0) & (got < Vl)).all()
+    finite = logits.float() > -math.inf
+    assert finite.gather(1, got[:, None]).all(), "a token whose logit is -inf was drawn"
+    event("sampled" if temperature else "greedy")
+
+
+@st.composite
+def latent_caches(draw):
+    kind = draw(st.sampled_from(["none", "fresh", "filled", "odd"]))
+    if kind == "odd":
+        return draw(ODD)
+    if kind == "none":
+        return None
+    cache = LatentCache()
+    if kind == "filled":
+        with torch.no_grad():
+            MLA(torch.zeros(draw(st.integers(1, 3)), draw(st.integers(1, 11)), 8), cache)
+    return cache
+
+
+@SMALL
+@given(x=mostly(st.builds(lambda b, n, dt: torch.randn(b, n, 8).to(dt), st.integers(0, 3), st.integers(0, 13),
+                          st.sampled_from([torch.float32, torch.float32, torch.float64, torch.float16])),
+               tensors(shape=None, max_rank=4, max_dim=4), ODD),
+       cache=latent_caches(), absorbed=mostly(st.booleans(), ODD))
+def test_latent_attention_forward(x, cache, absorbed):
+    before = (cache.latent, cache.rope_key) if isinstance(cache, LatentCache) else None
+    with torch.no_grad():
+        got = answer(MLA, x, cache, absorbed, names=["x", "cache", "absorbed", "need_weights", "max_positions"])
+    if got is None:
+        if before is not None:
+            assert (cache.latent, cache.rope_key) == before, "a refused call changed the latent cache"
+        return
+    out, _ = got
+    assert out.shape == x.shape and out.dtype == x.dtype
+
+
+@settings(FUZZ)
+@given(text=mostly(st.text(alphabet="abc \n!", max_size=20), st.text(max_size=5), ODD),
+       ids=mostly(st.lists(st.integers(-1, 6), max_size=6).map(torch.tensor), tensors(max_rank=2), ODD))
+def test_vocabularies(text, ids):
+    vocab = CharVocab("abc \n!")
+    encoded = answer(vocab.encode, text, names=["text"])
+    if encoded is not None:
+        assert vocab.decode(encoded) == text
+    decoded = answer(vocab.decode, ids, names=["ids"])
+    if decoded is not None:
+        assert len(decoded) == torch.as_tensor(ids).numel()
+    words = Vocab(["one", "two"])
+    if isinstance(ids, torch.Tensor) and ids.device.type == "cpu" and not (ids.dtype.is_floating_point
+                                                                          or ids.dtype.is_complex):
+        out = words.decode(ids.flatten().tolist())  # unknown ids read as <unk>, never an IndexError
+        assert all(isinstance(w, str) for w in out)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "m.pt"
+    return path, save_checkpoint(MODEL, path)
+
+
+@settings(FUZZ, max_examples=50)
+@given(sha=mostly(st.just("right"), st.text(max_size=8), ODD))
+def test_checkpoint_refuses_a_wrong_checksum(saved, sha):
+    path, right = saved
+    sha = right if sha == "right" else sha
+    got = answer(load_checkpoint, path, sha, lm.build_language_model, names=["sha256", "path"])
+    if got is not None:
+        assert sha == right
+        assert all(torch.equal(a, b) for a, b in zip(got.state_dict().values(), MODEL.state_dict().values()))
