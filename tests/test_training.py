@@ -192,10 +192,10 @@ def test_seen_in_training_counts_sources_per_bucket() -> None:
     def p(n_words: int, tag: str = "a"):
         return [tag] * n_words, ["1"]
 
-    test = [p(2), p(2, "b"), p(7), p(7), p(12), p(22)]
-    training_set = [p(2), p(7), p(22), p(3)]
-    assert seen_in_training(test, training_set) == [1, 2, 0, 0, 1]  # a repeated test source counts each time
-    assert seen_in_training(test, training_set, edges=(1, 11, 28)) == [3, 1]
+    test = [p(2), p(2, "b"), p(5), p(6), p(7), p(7), p(12), p(22)]
+    training_set = [p(2), p(5), p(7), p(22), p(3)]
+    assert seen_in_training(test, training_set) == [2, 2, 0, 0, 1]  # a repeated test source counts each time
+    assert seen_in_training(test, training_set, edges=(1, 11, 28)) == [4, 1]
     assert seen_in_training(test, []) == [0] * 5
     with pytest.raises(ValueError, match="outside the bucket edges"):
         seen_in_training([p(30)], training_set)
