@@ -168,3 +168,42 @@ def test_validation_set_is_disjoint_from_the_test_set_and_repeats() -> None:
     in_test = {(tuple(s), tuple(t)) for s, t in test}
     assert len(val) == 500 and not any((tuple(s), tuple(t)) in in_test for s, t in val)
     assert val == book_validation_set() and book_validation_set(20) == val[:20]
+
+
+def test_training_pairs_are_the_stream_the_recipe_trains_on() -> None:
+    from itertools import islice
+
+    from attention_core.translation.data import collate
+
+    recipe = replace(RECIPES["bahdanau"], steps=3, batch_size=5, data_seed=11)
+    pairs = training.training_pairs(recipe)
+    task = NumberWords()
+    assert len(pairs) == 15
+    for i, batch in enumerate(islice(task.stream(recipe.batch_size, recipe.data_seed), recipe.steps)):
+        expected = collate(pairs[5 * i:5 * (i + 1)], task.src_vocab, task.tgt_vocab)
+        assert torch.equal(batch.src, expected.src) and torch.equal(batch.tgt_out, expected.tgt_out)
+    assert training.training_pairs("bahdanau") == training.training_pairs("luong_local_p")  # one shared stream
+    assert len(training.training_pairs("transformer_x2")) == 2 * len(training.training_pairs("transformer"))
+
+
+def test_seen_in_training_counts_sources_per_bucket() -> None:
+    from attention_core.translation.metrics import seen_in_training
+
+    def p(n_words: int, tag: str = "a"):
+        return [tag] * n_words, ["1"]
+
+    test = [p(2), p(2, "b"), p(5), p(6), p(7), p(7), p(12), p(22)]
+    training_set = [p(2), p(5), p(7), p(22), p(3)]
+    assert seen_in_training(test, training_set) == [2, 2, 0, 0, 1]  # a repeated test source counts each time
+    assert seen_in_training(test, training_set, edges=(1, 11, 28)) == [4, 1]
+    assert seen_in_training(test, []) == [0] * 5
+    with pytest.raises(ValueError, match="outside the bucket edges"):
+        seen_in_training([p(30)], training_set)
+
+
+def test_book_test_numbers_met_in_training() -> None:
+    """Chapters 3, 4 and 8 assert these counts: the short test numbers recur in the 600-step stream."""
+    from attention_core.translation.metrics import seen_in_training
+
+    seen = seen_in_training(book_test_set(), training.training_pairs("bahdanau"))
+    assert seen == [482, 71, 0, 0, 0]

@@ -30,6 +30,7 @@ __all__ = [
     "evaluate",
     "evaluate_by_bucket",
     "exact_match",
+    "seen_in_training",
     "token_accuracy",
 ]
 
@@ -191,3 +192,25 @@ def evaluate_by_bucket(model: EncoderDecoder, pairs: Sequence[Pair], edges: Sequ
                      "exact_match": b.exact_match, "token_accuracy": b.token_accuracy}
                     for b in ev.by_bucket(edges)],
     }
+
+
+def seen_in_training(pairs: Sequence[Pair], training: Iterable[Pair], edges: Sequence[int] = BUCKET_EDGES
+                     ) -> List[int]:
+    """How many of ``pairs`` have a source that also occurs in ``training``, per source-length bucket.
+
+    Args:
+        pairs: ``(source words, target digits)`` examples, e.g. :func:`book_test_set`.
+        training: the examples a model was trained on, e.g.
+            :func:`attention_core.translation.train.training_pairs`.
+        edges: increasing bucket edges; bucket ``i`` holds sources with ``edges[i] <= length < edges[i + 1]``.
+
+    Returns:
+        list of int: one count per bucket (``len(edges) - 1`` entries); their sum is the number of ``pairs``
+        whose source words the model met in training (a source has one target, so the pair was met too).
+    """
+    met = {tuple(src) for src, _ in training}
+    counts = [0] * (len(edges) - 1)
+    for src, _ in pairs:
+        bucket = length_buckets([len(src)], edges)[0]
+        counts[bucket] += tuple(src) in met
+    return counts

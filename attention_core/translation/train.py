@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,7 @@ from attention_core.checkpoint import (
     save_checkpoint,
 )
 from attention_core.progress import progress
-from attention_core.translation.data import PAD_ID, Batch, NumberWords
+from attention_core.translation.data import PAD_ID, Batch, NumberWords, Pair
 from attention_core.translation.protocol import EncoderDecoder
 from attention_core.translation.rnn import build_rnn_model, count_parameters
 from attention_core.translation.transformer import build_transformer
@@ -54,6 +54,7 @@ __all__ = [
     "train_and_save",
     "train_recipe",
     "train_seq2seq",
+    "training_pairs",
 ]
 
 PathLike = Union[str, Path]
@@ -194,6 +195,14 @@ def _recipe(name: Union[str, Recipe]) -> Recipe:
     if name not in RECIPES:
         raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
     return RECIPES[name]
+
+
+def training_pairs(name: Union[str, Recipe]) -> List[Pair]:
+    """Every example the recipe ``name`` trains on, in order: the ``steps`` batches of ``batch_size`` pairs that
+    ``NumberWords().stream(batch_size, data_seed)`` yields (the stream and ``sample`` draw from one
+    ``random.Random(data_seed)`` in the same order), with repeats kept."""
+    recipe = _recipe(name)
+    return NumberWords().sample(recipe.steps * recipe.batch_size, recipe.data_seed)
 
 
 def train_recipe(name: Union[str, Recipe], device: Optional[torch.device] = None, show_progress: bool = True
