@@ -137,31 +137,44 @@ def _sources(nb) -> str:
     return "\n".join(c.source for c in nb.cells)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rendered(path: Path) -> tuple[str, str]:
     page = render_plain(nbformat.read(path, as_version=4))
     return page, visible_text(page)
 
 
-def problems(nb, page: str, shown: str) -> list[str]:
-    """Every answer of ``nb`` that the rendered ``page`` (visible text ``shown``) lets a reader see."""
+# Numbers that occur in a chapter for another reason than the exercise whose answer they equal, with the reason.
+COINCIDENCES: dict[tuple[str, str], str] = {
+    ("05_self_attention.ipynb", "0.881"): "the mean row entropy at temperature 1 in the temperature table, not the "
+                                          "weight of exercise 1",
+}
+
+
+def problems(nb, page: str, shown: str, shown_nb=None, name: str = "") -> list[str]:
+    """Every answer of ``nb`` that the rendered ``page`` (visible text ``shown``) of ``shown_nb`` (default: ``nb``
+    itself, or a changed copy of it) lets a reader see."""
+    shown_nb = nb if shown_nb is None else shown_nb
     found: list[str] = []
     sources = _sources(nb)
     for encoded in sorted(set(ENCODED_NUMBER.findall(sources))):
         value = decode_answer(encoded)
         for form in sorted(number_forms(value)):
+            if (name, form) in COINCIDENCES:
+                continue
             if re.search(rf"(?<![\w.]){re.escape(form)}(?![\w]|\.\d)", shown):
                 found.append(f"the numeric answer {form} is visible")
     for encoded in sorted(set(ENCODED_QUIZ.findall(sources))):
         _, why = decode_quiz(encoded)
         if why and _norm(why) in shown:
             found.append(f"a quiz explanation is visible: {why[:60]!r}")
-    if "data-correct" in page:
+    # The site shows a quiz's text/html twin (a front end shows its widget): neither may mark the right option.
+    outputs = str([c.get("outputs", []) for c in shown_nb.cells if c.cell_type == "code"])
+    if "data-correct" in page or "data-correct" in outputs:
         found.append("a quiz button carries data-correct (the right option is marked in the page)")
     for line in sorted(solution_code_lines(nb)):
         if line in shown:
             found.append(f"solution code is visible: {line[:70]!r}")
-    found += quiz_calls_that_tell(nb)
+    found += quiz_calls_that_tell(shown_nb)
     return found
 
 
@@ -195,7 +208,7 @@ def quiz_calls_that_tell(nb) -> list[str]:
 def test_no_answer_is_visible_in_a_plain_front_end(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     page, shown = _rendered(path)
-    found = problems(nb, page, shown)
+    found = problems(nb, page, shown, name=path.name)
     assert not found, f"{path.name}, rendered as JupyterLab or Colab shows it:\n  " + "\n  ".join(found)
 
 
@@ -222,7 +235,8 @@ def test_a_dropdown_put_back_is_caught() -> None:
     """The mutant of the issue: one solution written back as a MyST dropdown (plain text in a notebook)."""
     path = ROOT / "book" / "02_scoring_functions.ipynb"
     nb = nbformat.read(path, as_version=4)
-    cell = next(c for c in nb.cells if c.cell_type == "markdown" and "```python" in c.source and "<details>" in c.source)
+    cell = next(c for c in nb.cells
+                if c.cell_type == "markdown" and "```python" in c.source and "<details>" in c.source)
     cell.source = cell.source.replace("<details>\n<summary>Solution</summary>\n", "````{admonition} Solution\n"
                                       ":class: dropdown\n").replace("</details>", "````")
     page = render_plain(nb)
@@ -236,7 +250,7 @@ def test_a_numeric_solution_put_back_is_caught() -> None:
     cell = next(c for c in nb.cells if c.cell_type == "markdown" and "3/1.32" in c.source)
     cell.source = cell.source.replace("<details>", "<div>").replace("</details>", "</div>")
     page = render_plain(nb)
-    found = problems(nb, page, visible_text(page))
+    found = problems(nbformat.read(path, as_version=4), page, visible_text(page), nb)
     assert any("numeric answer 2.273" in f for f in found), found
 
 
@@ -248,7 +262,7 @@ def test_a_quiz_showing_its_index_is_caught() -> None:
     index, why = decode_quiz(encoded)
     cell.source = cell.source.replace(repr(encoded), f"{index}, explanation={why!r}")
     page = render_plain(nb)
-    found = problems(nb, page, visible_text(page))
+    found = problems(nbformat.read(path, as_version=4), page, visible_text(page), nb)
     assert any("plain text" in f for f in found) and any("explanation is visible" in f for f in found), found
 
 
@@ -257,8 +271,13 @@ def test_a_marked_static_quiz_is_caught() -> None:
     path = ROOT / "book" / "05_self_attention.ipynb"
     nb = nbformat.read(path, as_version=4)
     page, shown = _rendered(path)
-    marked = page.replace('data-option="1"', 'data-correct="1"', 1)
-    assert any("data-correct" in f for f in problems(nb, marked, shown))
+    assert not problems(nb, page, shown, name=path.name)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            markup = out.get("data", {}).get("text/html", "")
+            if "ac-quiz-option" in markup:
+                out["data"]["text/html"] = markup.replace('data-option="1"', 'data-correct="1"', 1)
+    assert any("data-correct" in f for f in problems(nbformat.read(path, as_version=4), page, shown, nb))
 
 
 def test_visible_text_leaves_out_folded_elements() -> None:

@@ -4,8 +4,9 @@ For each page in _toc.yml: no failed request, no 4xx/5xx and no request leaving 
 decoded; math typeset by the site's own MathJax where the page has math, labelled equations numbered;
 widgets rendered where a notebook embedded a widget view; on notebook pages a Colab link that points at
 that notebook; copy buttons on code; static sliders that change the figure; quizzes and answer boxes
-that give feedback on a click and mark no option as right; folded solutions (<details>) that open; no JavaScript error except the ones listed
-in ALLOWED_JS_ERRORS with a reason; every figure has alt text; every chapter has a quiz and solutions.
+that give feedback on a click and mark no option as right; folded solutions (<details>) that open; no
+JavaScript error except the ones listed in ALLOWED_JS_ERRORS with a reason; every figure has alt text; every
+chapter has a quiz and solutions.
 The search page, the indexes and an offline search are checked too. A screenshot of every page goes to
 _build/screenshots/ (JPEG, full page), plus the first chapter at a phone's width (390 px), where the page
 must not scroll sideways.
