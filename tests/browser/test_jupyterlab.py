@@ -7,7 +7,7 @@ touches the committed notebooks), with cell windowing off so that every cell is 
   tests/test_answers_hidden.py derives from the notebook), and a folded solution shows its text only after its
   <summary> is clicked;
 - the kernel runs only the cells an exercise needs (the chapter's first code cell and the exercise's), and the
-  exercise's Check button accepts the worked answer typed into it (chapter 1: a number box; chapter 2: the quiz).
+  exercise's Check button accepts the worked answer typed into it (chapter 5: a number box; chapter 2: the quiz).
 
 Skips only when Chromium cannot be installed (scripts/ensure_chromium.sh); JupyterLab is always shut down.
 """
@@ -30,7 +30,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-from test_answers_hidden import ENCODED_NUMBER, ENCODED_QUIZ, number_forms, solution_code_lines  # noqa: E402
+from test_answers_hidden import (  # noqa: E402
+    COINCIDENCES,
+    ENCODED_NUMBER,
+    ENCODED_QUIZ,
+    number_forms,
+    solution_code_lines,
+)
 
 from attention_core.booktools.exercises import CORRECT, decode_answer, decode_quiz  # noqa: E402
 
@@ -71,7 +77,10 @@ def lab(tmp_path_factory):
                "--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={work / 'book'}",
                f"--LabApp.user_settings_dir={work / 'settings'}", f"--LabApp.workspaces_dir={work / 'workspaces'}",
                "--LabApp.news_url=", "--LabApp.expose_app_in_browser=True",
-               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+               "--LabApp.extension_manager=readonly", "--ServerApp.terminals_enabled=False"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and CI often run as root
+        command.append("--allow-root")
     log = open(work / "lab.log", "w")
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
     url = f"http://127.0.0.1:{port}"
@@ -114,21 +123,20 @@ def page(lab):
 
 
 def _open(page, url: str, name: str):
-    page.goto(f"{url}/lab/tree/{name}", wait_until="domcontentloaded")
+    page.goto(f"{url}/lab/tree/{name}?reset", wait_until="domcontentloaded")  # ?reset: this notebook alone
     panel = page.locator(".jp-NotebookPanel:visible")
     panel.locator(".jp-Cell").first.wait_for(timeout=120_000)
     page.wait_for_function(  # every cell of the notebook is in the page (windowing off), its markdown rendered
         "n => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell').length >= n",
         arg=len(nbformat.read(ROOT / "book" / name, as_version=4).cells), timeout=120_000)
-    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator, "
-                           ".jp-DebuggerBugButton, .jp-Toolbar-kernelName", timeout=120_000)
     return panel
 
 
 def _answers(name: str) -> list[str]:
     nb = nbformat.read(ROOT / "book" / name, as_version=4)
     sources = "\n".join(c.source for c in nb.cells)
-    found = [f for e in set(ENCODED_NUMBER.findall(sources)) for f in number_forms(decode_answer(e))]
+    found = [f for e in set(ENCODED_NUMBER.findall(sources)) for f in number_forms(decode_answer(e))
+             if (name, f) not in COINCIDENCES]
     found += [decode_quiz(e)[1] for e in set(ENCODED_QUIZ.findall(sources))]
     return found + sorted(solution_code_lines(nb))
 
@@ -147,10 +155,11 @@ def _assert_nothing_shown(panel, name: str) -> None:
 
 def _unfold_one(panel) -> None:
     details = panel.locator(".jp-MarkdownCell details").first
-    hidden = " ".join(details.evaluate("d => d.textContent").split())[-60:]
-    assert hidden not in _visible(panel), "a folded solution's text is visible before its summary is clicked"
-    details.locator("summary").click()
-    assert hidden in _visible(panel), "clicking a solution's summary did not show it"
+    body = details.locator(":scope > :not(summary)").first
+    assert not body.is_visible(), "a folded solution's text is visible before its summary is clicked"
+    details.locator(":scope > summary").click()
+    body.wait_for(state="visible", timeout=10_000)
+    assert len(details.inner_text()) > len(details.locator(":scope > summary").inner_text()) + 20
 
 
 def _run_cells(page, panel, *needles: str) -> list:
@@ -178,9 +187,9 @@ def _wait_text(page, element, text: str) -> None:
                            timeout=30_000)
 
 
-def test_chapter_1_hides_its_answers_and_checks_a_number(page) -> None:
+def test_chapter_5_hides_its_answers_and_checks_a_number(page) -> None:
     page, url = page
-    name = "01_kernel_regression.ipynb"
+    name = "05_self_attention.ipynb"
     panel = _open(page, url, name)
     _assert_nothing_shown(panel, name)
     _unfold_one(panel)
