@@ -32,6 +32,8 @@ NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 ENCODED_NUMBER = re.compile(r"[\"'](ac1:[A-Za-z0-9+/=]+)[\"']")
 ENCODED_QUIZ = re.compile(r"[\"'](acq1:[A-Za-z0-9+/=]+)[\"']")
 DETAILS_BLOCK = re.compile(r"<details>(.*?)</details>", re.S)
+# A MyST dropdown holds a solution too (the site folds it, a notebook front end shows it as plain text).
+MYST_DROPDOWN = re.compile(r"^(`{3,}|:{3,})\{(admonition|dropdown)\}.*?\n(.*?)^\1[ \t]*$", re.S | re.M)
 
 
 # ------------------------------------------------------------------------------------------ the rendering
@@ -116,13 +118,16 @@ def number_forms(value: float) -> set[str]:
 
 
 def solution_code_lines(nb) -> set[str]:
-    """The distinctive lines of the code inside every ``<details>`` of the notebook's markdown: fenced or
-    indented blocks; comments, ``def`` lines and lines under 20 characters left out."""
+    """The distinctive lines of the code inside every ``<details>`` (or MyST dropdown) of the notebook's markdown:
+    fenced or indented blocks; comments, ``def`` lines and lines under 20 characters left out."""
     lines: set[str] = set()
     for cell in nb.cells:
         if cell.cell_type != "markdown":
             continue
-        for body in DETAILS_BLOCK.findall(cell.source):
+        bodies = DETAILS_BLOCK.findall(cell.source) + [
+            body for _, kind, body in MYST_DROPDOWN.findall(cell.source)
+            if kind == "dropdown" or ":class: dropdown" in body]
+        for body in bodies:
             code = re.findall(r"```[a-z]*\n(.*?)```", body, re.S)
             code += re.findall(r"((?:^(?: {4}|\t).*\n?)+)", body, re.M)  # indented blocks
             for block in code:

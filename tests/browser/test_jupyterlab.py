@@ -145,8 +145,30 @@ def _visible(panel) -> str:
     return " ".join(panel.inner_text().split())  # innerText leaves out what a closed <details> hides
 
 
-def _assert_nothing_shown(panel, name: str) -> None:
-    shown = _visible(panel)
+def _visible_everywhere(page, panel) -> str:
+    """The notebook's visible text from top to bottom: scrolled through, since editors draw lazily."""
+    cells = nbformat.read(ROOT / "book" / panel_name(page), as_version=4).cells
+    n_markdown = sum(c.cell_type == "markdown" for c in cells)
+    page.wait_for_function("n => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) "
+                           ".jp-MarkdownCell.jp-mod-rendered .jp-RenderedMarkdown').length >= n",
+                           arg=n_markdown, timeout=120_000)
+    scroller = panel.locator(".jp-WindowedPanel-outer").first
+    texts, top = [], 0
+    while top <= scroller.evaluate("e => e.scrollHeight"):
+        scroller.evaluate("(e, y) => e.scrollTo(0, y)", top)
+        page.wait_for_timeout(50)
+        texts.append(_visible(panel))
+        top += 600
+    scroller.evaluate("e => e.scrollTo(0, 0)")
+    return " ".join(texts)
+
+
+def panel_name(page) -> str:
+    return page.url.split("/lab/tree/")[-1].split("?")[0]
+
+
+def _assert_nothing_shown(page, panel, name: str) -> None:
+    shown = _visible_everywhere(page, panel)
     compact = re.sub(r"\s+", "", shown)
     leaks = [a for a in _answers(name) if a and (re.search(rf"(?<![\w.]){re.escape(a)}(?![\w])", shown)
                                                  or (len(a) >= 20 and re.sub(r"\s+", "", a) in compact))]
@@ -191,7 +213,7 @@ def test_chapter_5_hides_its_answers_and_checks_a_number(page) -> None:
     page, url = page
     name = "05_self_attention.ipynb"
     panel = _open(page, url, name)
-    _assert_nothing_shown(panel, name)
+    _assert_nothing_shown(page, panel, name)
     _unfold_one(panel)
     nb = nbformat.read(ROOT / "book" / name, as_version=4)
     source = next(c.source for c in nb.cells if c.source.startswith("ex1 = exercises.check_value("))
@@ -212,7 +234,7 @@ def test_chapter_2_hides_its_answers_and_checks_the_quiz(page) -> None:
     page, url = page
     name = "02_scoring_functions.ipynb"
     panel = _open(page, url, name)
-    _assert_nothing_shown(panel, name)
+    _assert_nothing_shown(page, panel, name)
     _unfold_one(panel)
     nb = nbformat.read(ROOT / "book" / name, as_version=4)
     source = next(c.source for c in nb.cells if c.source.startswith("quiz = exercises.quiz("))
