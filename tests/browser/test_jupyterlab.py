@@ -41,8 +41,6 @@ from test_answers_hidden import (  # noqa: E402
 from attention_core.booktools.exercises import CORRECT, decode_answer, decode_quiz  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-                 "--no-first-run", "--disable-component-update", "--disable-sync"]
 START_TIMEOUT_S = 120
 KERNEL_TIMEOUT_MS = 180_000
 
@@ -64,7 +62,6 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """JupyterLab on 127.0.0.1:<free port>, no token, serving a copy of book/; yields its base URL."""
-    chromium = _chromium()
     work = tmp_path_factory.mktemp("lab")
     shutil.copytree(ROOT / "book", work / "book")
     settings = work / "settings" / "@jupyterlab" / "notebook-extension"
@@ -95,7 +92,7 @@ def lab(tmp_path_factory):
                     log.flush()
                     pytest.fail(f"JupyterLab did not start:\n{(work / 'lab.log').read_text()[-2000:]}")
                 time.sleep(1)
-        yield url, chromium
+        yield url
     finally:
         server.terminate()
         try:
@@ -107,19 +104,16 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture()
-def page(lab):
-    from playwright.sync_api import sync_playwright
-
-    url, chromium = lab
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        # JupyterLab talks only to its own server: anything else would be a request off this machine.
-        context.route(re.compile(r"^(?!data:|blob:).*"),
-                      lambda route: route.continue_() if route.request.url.startswith(url) else route.abort())
-        yield context.new_page(), url
-        context.close()
-        browser.close()
+def page(lab, request):
+    _chromium()  # skips when Chromium cannot be installed
+    browser = request.getfixturevalue("browser")  # the session's Chromium (tests/browser/conftest.py)
+    url = lab
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    # JupyterLab talks only to its own server: anything else would be a request off this machine.
+    context.route(re.compile(r"^(?!data:|blob:).*"),
+                  lambda route: route.continue_() if route.request.url.startswith(url) else route.abort())
+    yield context.new_page(), url
+    context.close()
 
 
 def _open(page, url: str, name: str):
