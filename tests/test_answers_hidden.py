@@ -25,12 +25,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attention_core.booktools.exercises import decode_answer, decode_quiz
+from attention_core.booktools.exercises import decode_answer, decode_quiz, decode_text
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 ENCODED_NUMBER = re.compile(r"[\"'](ac1:[A-Za-z0-9+/=]+)[\"']")
 ENCODED_QUIZ = re.compile(r"[\"'](acq1:[A-Za-z0-9+/=]+)[\"']")
+ENCODED_TEXT = re.compile(r"[\"'](act1:[A-Za-z0-9+/=]+)[\"']")
 DETAILS_BLOCK = re.compile(r"<details>(.*?)</details>", re.S)
 # A MyST dropdown holds a solution too (the site folds it, a notebook front end shows it as plain text).
 MYST_DROPDOWN = re.compile(r"^(`{3,}|:{3,})\{(admonition|dropdown)\}.*?\n(.*?)^\1[ \t]*$", re.S | re.M)
@@ -176,6 +177,10 @@ def problems(nb, page: str, shown: str, shown_nb=None, name: str = "") -> list[s
         _, why = decode_quiz(encoded)
         if why and _norm(why) in shown:
             found.append(f"a quiz explanation is visible: {why[:60]!r}")
+    for encoded in sorted(set(ENCODED_TEXT.findall(sources))):
+        why = decode_text(encoded)
+        if why and _norm(why) in shown:
+            found.append(f"an exercise's explanation is visible: {why[:60]!r}")
     # The site shows a quiz's text/html twin (a front end shows its widget): neither may mark the right option.
     outputs = str([c.get("outputs", []) for c in shown_nb.cells if c.cell_type == "code"])
     if "data-correct" in page or "data-correct" in outputs:
@@ -208,6 +213,10 @@ def quiz_calls_that_tell(nb) -> list[str]:
                 told.append(f"a quiz call gives its answer in plain text: {ast.unparse(answer)!r}")
             if any(k.arg == "explanation" for k in call.keywords) or len(call.args) > 3:
                 told.append("a quiz call spells out its explanation")
+    for cell in nb.cells:  # a numeric exercise's explanation often says how to get the number
+        for m in re.finditer(r"check_value\((?:[^()]|\([^()]*\))*?explanation=([\"'])(.*?)\1", cell.source, re.S):
+            if m.group(2) and not m.group(2).startswith("act1:"):
+                told.append(f"a numeric exercise spells out its explanation: {m.group(2)[:50]!r}")
     return told
 
 
@@ -287,6 +296,18 @@ def test_a_quiz_showing_its_index_is_caught() -> None:
     page = render_plain(nb)
     found = problems(nbformat.read(path, as_version=4), page, visible_text(page), nb)
     assert any("plain text" in f for f in found) and any("explanation is visible" in f for f in found), found
+
+
+def test_a_plain_explanation_of_a_numeric_exercise_is_caught() -> None:
+    path = ROOT / "book" / "08_transformer.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "check_value(" in c.source)
+    encoded = ENCODED_TEXT.search(cell.source).group(1)
+    cell.source = cell.source.replace(encoded, decode_text(encoded))
+    page = render_plain(nb)
+    found = problems(nbformat.read(path, as_version=4), page, visible_text(page), nb)
+    assert any("numeric exercise spells out" in f for f in found), found
+    assert any("explanation is visible" in f for f in found), found
 
 
 def test_a_marked_static_quiz_is_caught() -> None:

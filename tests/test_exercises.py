@@ -141,6 +141,17 @@ def test_quiz_answers_are_encoded_and_decoded() -> None:
         exercises.encode_quiz(-1)
 
 
+def test_value_check_explanations_can_be_encoded() -> None:
+    enc = exercises.encode_text("Row i keeps i + 1 keys: sum them.")
+    assert enc.startswith("act1:") and "keys" not in enc and exercises.decode_text(enc).startswith("Row i")
+    w = check_value("count =", encode_answer(21), explanation=enc)
+    assert w.evaluate("21").endswith("sum them.") and "sum them" not in w.static_html()
+    plain = check_value("count =", encode_answer(21), explanation="Row i keeps i + 1 keys: sum them.")
+    assert plain.static_html() == w.static_html()  # the page is the same either way
+    with pytest.raises(ValueError):
+        exercises.decode_text("acq1:x")
+
+
 def test_answers_are_encoded_and_never_shown() -> None:
     enc = encode_answer(0.8808)
     assert "0.8808" not in enc and decode_answer(enc) == 0.8808

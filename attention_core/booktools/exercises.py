@@ -47,8 +47,10 @@ __all__ = [
     "check_value",
     "decode_answer",
     "decode_quiz",
+    "decode_text",
     "encode_answer",
     "encode_quiz",
+    "encode_text",
     "parse_number",
     "prove_checker",
     "prove_quiz",
@@ -183,11 +185,34 @@ def decode_quiz(encoded: str) -> tuple[int, str]:
         raise ValueError(f"encoded is damaged: {encoded!r}") from err
 
 
+def encode_text(text: str) -> str:
+    """A numeric exercise's explanation as a chapter writes it: ``"act1:"`` + reversed base64 (the disguise of
+    :func:`encode_answer`), since an explanation often says how to get the number; :func:`decode_text` reads it."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return "act1:" + _hide(text)
+
+
+def decode_text(encoded: str) -> str:
+    """The text :func:`encode_text` encoded.
+
+    Raises:
+        ValueError: ``encoded`` is not such a string.
+    """
+    if not isinstance(encoded, str) or not encoded.startswith("act1:"):
+        raise ValueError(f"encoded must be a string made by encode_text ('act1:...'), got {encoded!r}")
+    try:
+        return _unhide(encoded[5:])
+    except (ValueError, binascii.Error, UnicodeDecodeError) as err:
+        raise ValueError(f"encoded is damaged: {encoded!r}") from err
+
+
 class ValueCheck(StaticTwin, widgets.VBox):
     """A numeric self-check whose answer is never shown: a text box, a Check button and a feedback line.
 
     The answer is given encoded (:func:`encode_answer`), so neither the chapter's source nor any output
-    shows it; the static twin for the site carries it encoded too and checks in the page.
+    shows it; the static twin for the site carries it encoded too and checks in the page. The explanation
+    (shown once the answer is right) may be given encoded as well (:func:`encode_text`), as chapters do.
 
     Attributes:
         answer: the ``Text`` widget the reader types into.
@@ -206,6 +231,8 @@ class ValueCheck(StaticTwin, widgets.VBox):
         explanation: str = "",
     ) -> None:
         self._expected = decode_answer(answer)
+        if isinstance(explanation, str) and explanation.startswith("act1:"):  # written encoded (encode_text)
+            explanation = decode_text(explanation)
         self.encoded, self.name, self.rtol, self.atol = answer, name, rtol, atol
         self.hint, self.explanation = hint, explanation
         self.answer = widgets.Text(value="", placeholder="a number, e.g. 0.25 or 1/4", description=name)
