@@ -122,7 +122,34 @@ def test_widgets_carry_static_html_for_the_site() -> None:
     assert data["text/html"] == w.static_html()
     q = quiz("As h grows?", ["nearest value", "mean of values"], answer_index=1, explanation="Equal scores.")
     html = q._repr_mimebundle_()["text/html"]
-    assert 'class="ac-quiz"' in html and html.count('data-correct="1"') == 1 and "Equal scores." in html
+    assert 'class="ac-quiz"' in html and "data-correct" not in html and "Equal scores." not in html
+    assert exercises.encode_quiz(1, "Equal scores.") in html  # index and explanation, encoded together
+
+
+def test_quiz_answers_are_encoded_and_decoded() -> None:
+    enc = exercises.encode_quiz(2, "Why: the scores tie ≈ equally.")
+    assert enc.startswith("acq1:") and "Why" not in enc and exercises.decode_quiz(enc) == (
+        2, "Why: the scores tie ≈ equally.")
+    q = quiz("?", ["a", "b", "c"], enc, hint="h")
+    assert q.answer_index == 2 and q.evaluate(2).endswith("equally.") and q.evaluate(0).startswith(NOT_YET)
+    with pytest.raises(ValueError, match="explanation"):
+        quiz("?", ["a", "b", "c"], enc, explanation="twice")
+    for bad in ("acq1:!!", "ac1:abc", 3):
+        with pytest.raises(ValueError):
+            exercises.decode_quiz(bad)
+    with pytest.raises(ValueError):
+        exercises.encode_quiz(-1)
+
+
+def test_value_check_explanations_can_be_encoded() -> None:
+    enc = exercises.encode_text("Row i keeps i + 1 keys: sum them.")
+    assert enc.startswith("act1:") and "keys" not in enc and exercises.decode_text(enc).startswith("Row i")
+    w = check_value("count =", encode_answer(21), explanation=enc)
+    assert w.evaluate("21").endswith("sum them.") and "sum them" not in w.static_html()
+    plain = check_value("count =", encode_answer(21), explanation="Row i keeps i + 1 keys: sum them.")
+    assert plain.static_html() == w.static_html()  # the page is the same either way
+    with pytest.raises(ValueError):
+        exercises.decode_text("acq1:x")
 
 
 def test_answers_are_encoded_and_never_shown() -> None:

@@ -58,11 +58,15 @@ def test_frame_slider_validates(kwargs, match) -> None:
         static.frame_slider(label="x", alt="y", **kwargs)
 
 
-def test_quiz_marks_exactly_one_right_answer_and_escapes_text() -> None:
+def test_quiz_marks_no_option_and_escapes_text() -> None:
+    from attention_core.booktools.exercises import decode_quiz, encode_quiz
+
     html = static.quiz_html("Is 1 < 2?", ["<yes>", "no", "maybe"], 0, explanation="ordering").markup
-    assert html.count('data-correct="1"') == 1 and html.count('data-correct="0"') == 2
+    assert "data-correct" not in html and [f'data-option="{i}"' in html for i in range(3)] == [True] * 3
     assert "&lt;yes&gt;" in html and "<yes>" not in html
-    assert '"Correct. ordering"' in html
+    assert "ordering" not in html  # the explanation travels encoded, with the index
+    encoded = f'data-answer="{encode_quiz(0, "ordering")}"'
+    assert encoded in html and decode_quiz(encode_quiz(0, "ordering")) == (0, "ordering")
     with pytest.raises(ValueError, match="options"):
         static.quiz_html("Q", ["only"], 0)
     with pytest.raises(ValueError, match="answer_index"):

@@ -46,7 +46,11 @@ __all__ = [
     "check_function",
     "check_value",
     "decode_answer",
+    "decode_quiz",
+    "decode_text",
     "encode_answer",
+    "encode_quiz",
+    "encode_text",
     "parse_number",
     "prove_checker",
     "prove_quiz",
@@ -145,11 +149,70 @@ def decode_answer(encoded: str) -> float:
         raise ValueError(f"encoded is damaged: {encoded!r}") from err
 
 
+def _hide(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()[::-1]
+
+
+def _unhide(text: str) -> str:
+    return base64.b64decode(text[::-1]).decode()
+
+
+def encode_quiz(answer_index: int, explanation: str = "") -> str:
+    """The form in which a quiz's answer is written in a chapter: ``"acq1:"`` + the reversed base64 of
+    ``"<index>|<explanation>"``, the same disguise as :func:`encode_answer`'s. Neither the right option's index
+    nor the explanation is then readable in the chapter's source, on the site or in any output;
+    :func:`decode_quiz` reads it back (and the site's static quiz decodes it only to give feedback).
+    """
+    if isinstance(answer_index, bool) or not isinstance(answer_index, int) or answer_index < 0:
+        raise ValueError(f"answer_index must be a non-negative int, got {answer_index!r}")
+    if not isinstance(explanation, str):
+        raise TypeError(f"explanation must be a str, got {type(explanation).__name__}")
+    return "acq1:" + _hide(f"{answer_index}|{explanation}")
+
+
+def decode_quiz(encoded: str) -> tuple[int, str]:
+    """The ``(answer_index, explanation)`` that :func:`encode_quiz` encoded.
+
+    Raises:
+        ValueError: ``encoded`` is not such a string.
+    """
+    if not isinstance(encoded, str) or not encoded.startswith("acq1:"):
+        raise ValueError(f"encoded must be a string made by encode_quiz ('acq1:...'), got {encoded!r}")
+    try:
+        index, _, explanation = _unhide(encoded[5:]).partition("|")
+        return int(index), explanation
+    except (ValueError, binascii.Error, UnicodeDecodeError) as err:
+        raise ValueError(f"encoded is damaged: {encoded!r}") from err
+
+
+def encode_text(text: str) -> str:
+    """A numeric exercise's explanation as a chapter writes it: ``"act1:"`` + reversed base64 (the disguise of
+    :func:`encode_answer`), since an explanation often says how to get the number; :func:`decode_text` reads it."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return "act1:" + _hide(text)
+
+
+def decode_text(encoded: str) -> str:
+    """The text :func:`encode_text` encoded.
+
+    Raises:
+        ValueError: ``encoded`` is not such a string.
+    """
+    if not isinstance(encoded, str) or not encoded.startswith("act1:"):
+        raise ValueError(f"encoded must be a string made by encode_text ('act1:...'), got {encoded!r}")
+    try:
+        return _unhide(encoded[5:])
+    except (ValueError, binascii.Error, UnicodeDecodeError) as err:
+        raise ValueError(f"encoded is damaged: {encoded!r}") from err
+
+
 class ValueCheck(StaticTwin, widgets.VBox):
     """A numeric self-check whose answer is never shown: a text box, a Check button and a feedback line.
 
     The answer is given encoded (:func:`encode_answer`), so neither the chapter's source nor any output
-    shows it; the static twin for the site carries it encoded too and checks in the page.
+    shows it; the static twin for the site carries it encoded too and checks in the page. The explanation
+    (shown once the answer is right) may be given encoded as well (:func:`encode_text`), as chapters do.
 
     Attributes:
         answer: the ``Text`` widget the reader types into.
@@ -168,6 +231,8 @@ class ValueCheck(StaticTwin, widgets.VBox):
         explanation: str = "",
     ) -> None:
         self._expected = decode_answer(answer)
+        if isinstance(explanation, str) and explanation.startswith("act1:"):  # written encoded (encode_text)
+            explanation = decode_text(explanation)
         self.encoded, self.name, self.rtol, self.atol = answer, name, rtol, atol
         self.hint, self.explanation = hint, explanation
         self.answer = widgets.Text(value="", placeholder="a number, e.g. 0.25 or 1/4", description=name)
@@ -203,6 +268,11 @@ class ValueCheck(StaticTwin, widgets.VBox):
 class Quiz(StaticTwin, widgets.VBox):
     """A multiple-choice question: radio buttons, a Check button and a feedback line.
 
+    A chapter gives the answer encoded (:func:`encode_quiz`: the right option's index and the explanation
+    together), so that its source shows neither; a plain ``int`` index with an ``explanation`` works too
+    (tests, quick experiments). Neither the widget's saved state nor its static twin for the site says which
+    option is right: the twin carries the encoded answer and decodes it in the page on a click.
+
     Attributes:
         options: the ``RadioButtons`` (nothing selected at first).
         button: the ``Button``; clicking it (or ``button.click()``) checks the choice.
@@ -210,13 +280,18 @@ class Quiz(StaticTwin, widgets.VBox):
     """
 
     def __init__(
-        self, question: str, options: Sequence[str], answer_index: int, explanation: str = "", hint: str = ""
+        self, question: str, options: Sequence[str], answer_index: int | str, explanation: str = "", hint: str = ""
     ) -> None:
         options = [str(o) for o in options]
         if len(options) < 2:
             raise ValueError(f"options must hold at least 2 choices, got {len(options)}")
+        if isinstance(answer_index, str) and answer_index.startswith("acq1:"):
+            if explanation:
+                raise ValueError("explanation must be left out when the answer is encoded (encode_quiz holds it)")
+            answer_index, explanation = decode_quiz(answer_index)
         if isinstance(answer_index, bool) or not isinstance(answer_index, int):
-            raise TypeError(f"answer_index must be an int, got {type(answer_index).__name__}")
+            raise TypeError(f"answer_index must be an int or a string made by encode_quiz, "
+                            f"got {type(answer_index).__name__}")
         if not 0 <= answer_index < len(options):
             raise ValueError(f"answer_index must be in [0, {len(options)}), got {answer_index}")
         self.question, self.answer_index = question, answer_index
@@ -242,7 +317,6 @@ class Quiz(StaticTwin, widgets.VBox):
         options = list(self.options.options)
         return quiz_html(self.question, options, self.answer_index, self.explanation).markup
 
-
     def _on_click(self, _button: Any = None) -> None:
         index = self.options.index
         message = self.evaluate(index)
@@ -255,9 +329,11 @@ check_value = ValueCheck
 
 
 def quiz(
-    question: str, options: Sequence[str], answer_index: int, explanation: str = "", hint: str = ""
+    question: str, options: Sequence[str], answer_index: int | str, explanation: str = "", hint: str = ""
 ) -> Quiz:
-    """A :class:`Quiz` widget: ``question``, ``options``, the index of the right one, and why it is right."""
+    """A :class:`Quiz` widget: ``question``, ``options``, and the answer: encoded by :func:`encode_quiz` (the
+    index of the right option and why it is right, as a chapter writes it), or a plain index and
+    ``explanation``."""
     return Quiz(question, options, answer_index, explanation=explanation, hint=hint)
 
 

@@ -162,6 +162,10 @@ def text_slider(texts: Sequence[str], values: Sequence[Any], *, label: str, init
 def quiz_html(question: str, options: Sequence[str], answer_index: int, explanation: str = "") -> HTML:
     """A multiple-choice question answerable on the static page, with feedback on each click.
 
+    No button says which option is right: the quiz carries the index and the explanation in one
+    ``data-answer`` attribute, encoded as :func:`attention_core.booktools.exercises.encode_quiz` writes them
+    (reversed base64), and the page decodes it only when an option is clicked.
+
     Raises:
         ValueError: if there are fewer than two options or ``answer_index`` is out of range.
     """
@@ -171,26 +175,29 @@ def quiz_html(question: str, options: Sequence[str], answer_index: int, explanat
         raise ValueError(f"answer_index: expected an index in [0, {len(options) - 1}], got {answer_index}")
     uid = _uid("quiz", question, *options)
     buttons = "\n".join(
-        f'<button type="button" class="ac-quiz-option" data-correct="{int(i == answer_index)}">'
-        f"{html.escape(opt)}</button>"
+        f'<button type="button" class="ac-quiz-option" data-option="{i}">{html.escape(opt)}</button>'
         for i, opt in enumerate(options)
     )
-    right = json.dumps("Correct. " + explanation)
-    markup = f"""<div class="ac-quiz" id="{uid}" style="border-left:4px solid #0072B2;padding:0.4em 0.8em">
+    encoded = "acq1:" + base64.b64encode(f"{answer_index}|{explanation}".encode()).decode()[::-1]
+    markup = f"""<div class="ac-quiz" id="{uid}" data-answer="{encoded}"
+ style="border-left:4px solid #0072B2;padding:0.4em 0.8em">
 <p class="ac-quiz-question"><strong>Quiz.</strong> {html.escape(question)}</p>
 <div class="ac-quiz-options" style="display:flex;flex-direction:column;gap:0.3em;align-items:flex-start">
 {buttons}
 </div>
 <p class="ac-quiz-feedback" role="status" aria-live="polite"></p>
 </div>
-""" + _script(uid, f"""  var feedback = root.querySelector(".ac-quiz-feedback");
-  root.querySelectorAll(".ac-quiz-option").forEach(function (button) {{
-    button.addEventListener("click", function () {{
-      var ok = button.dataset.correct === "1";
-      feedback.textContent = ok ? {right} : "Not quite: think again and pick another answer.";
+""" + _script(uid, """  var feedback = root.querySelector(".ac-quiz-feedback");
+  function unhide(s) { return decodeURIComponent(escape(atob(s.split("").reverse().join("")))); }
+  root.querySelectorAll(".ac-quiz-option").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var answer = unhide(root.dataset.answer.slice(5)), bar = answer.indexOf("|");
+      var ok = button.dataset.option === answer.slice(0, bar);
+      feedback.textContent = ok ? ("Correct. " + answer.slice(bar + 1)).trim()
+                                : "Not quite: think again and pick another answer.";
       feedback.style.color = ok ? "#009E73" : "#D55E00";
-    }});
-  }});
+    });
+  });
 """)
     return HTML(markup)
 

@@ -4,8 +4,9 @@ For each page in _toc.yml: no failed request, no 4xx/5xx and no request leaving 
 decoded; math typeset by the site's own MathJax where the page has math, labelled equations numbered;
 widgets rendered where a notebook embedded a widget view; on notebook pages a Colab link that points at
 that notebook; copy buttons on code; static sliders that change the figure; quizzes and answer boxes
-that give feedback on a click; solution dropdowns that open; no JavaScript error except the ones listed
-in ALLOWED_JS_ERRORS with a reason; every figure has alt text; every chapter has a quiz and solutions.
+that give feedback on a click and mark no option as right; folded solutions (<details>) that open; no
+JavaScript error except the ones listed in ALLOWED_JS_ERRORS with a reason; every figure has alt text; every
+chapter has a quiz and solutions.
 The search page, the indexes and an offline search are checked too. A screenshot of every page goes to
 _build/screenshots/ (JPEG, full page), plus the first chapter at a phone's width (390 px), where the page
 must not scroll sideways.
@@ -179,13 +180,19 @@ def _check_sliders(page) -> None:
 
 def _check_quizzes(page) -> None:
     for quiz in page.locator(".ac-quiz").all():
+        assert quiz.locator("[data-correct]").count() == 0, "a quiz marks its right option in the page"
+        encoded = quiz.get_attribute("data-answer") or ""
+        assert encoded.startswith("acq1:"), "a quiz whose answer is not encoded"
+        right, _, why = base64.b64decode(encoded[5:][::-1]).decode().partition("|")
+        assert not why or why not in page.inner_text("body"), "a quiz's explanation is visible before an answer"
         feedback = quiz.locator(".ac-quiz-feedback")
-        wrong = quiz.locator(".ac-quiz-option[data-correct='0']").first
+        wrong = quiz.locator(f".ac-quiz-option:not([data-option='{right}'])").first
         wrong.scroll_into_view_if_needed()
         wrong.click()
         assert feedback.inner_text().startswith("Not quite"), "a wrong quiz answer gave no feedback"
-        quiz.locator(".ac-quiz-option[data-correct='1']").click()
+        quiz.locator(f".ac-quiz-option[data-option='{right}']").click()
         assert feedback.inner_text().startswith("Correct"), "the right quiz answer was not confirmed"
+        assert why.strip() in feedback.inner_text(), "the right quiz answer came without its explanation"
 
 
 def _answer_forms(value: float) -> set:
@@ -216,11 +223,13 @@ def _check_answer_boxes(page) -> None:
 
 
 def _check_dropdowns(page) -> None:
-    # sphinx-togglebutton: a "dropdown" admonition (the worked solutions) hides its body until clicked.
-    for box in page.locator("div.admonition.dropdown").all():
-        body = box.locator("> :not(.admonition-title)").first
+    # Solutions are HTML <details> blocks (they fold in every notebook front end too): closed until clicked.
+    assert page.locator("div.admonition.dropdown").count() == 0, "a MyST dropdown (plain text in a notebook)"
+    for box in page.locator("article details").all():
+        assert box.get_attribute("open") is None, "a solution is open before it is asked for"
+        body = box.locator("> :not(summary)").first
         assert not body.is_visible(), "a solution is visible before it is asked for"
-        box.locator("button.toggle-button").click()
+        box.locator("> summary").click()
         body.wait_for(state="visible", timeout=5000)
 
 
@@ -251,7 +260,7 @@ def test_page(browser, site_url: str, page_name: str) -> None:
             _check_colab(page, page_name)
             # Every chapter ends with exercises: a quiz answerable on the page and worked solutions behind a click.
             assert page.locator(".ac-quiz").count() >= 1, "a chapter without a quiz on the page"
-            assert page.locator("div.admonition.dropdown").count() >= 1, "a chapter without solution dropdowns"
+            assert page.locator("article details").count() >= 1, "a chapter without folded solutions"
         _check_copy_buttons(page)
         _check_sliders(page)
         _check_quizzes(page)
