@@ -79,14 +79,20 @@ _YEAR_AFTER = re.compile(
 )
 
 
+# A folded solution (<details>) holds an exercise's answer and its hand derivation: the answer is checked by the
+# exercise's own checker and tests (tests/test_code_exercises.py, tests/test_answers_hidden.py), and it cannot
+# appear in an output without giving the answer away, so its numbers are not prose claims of the page.
+_FOLDED_SOLUTION = re.compile(r"<details>.*?</details>", re.S | re.I)
+
+
 def _strip_non_prose(text: str) -> str:
     """Markdown with everything that is not prose (or math) blanked out, line structure kept."""
 
     def blank(match: re.Match) -> str:
         return re.sub(r"[^\n]", " ", match.group(0))
 
-    for pattern in (_FENCE, _CODE_SPAN, _LINK_TARGET, _REF_DEF, _URL, _HTML_TAG, _LABEL, _ANCHOR_TARGET,
-                    _ROLE_NAME, _REFERENCE):
+    for pattern in (_FOLDED_SOLUTION, _FENCE, _CODE_SPAN, _LINK_TARGET, _REF_DEF, _URL, _HTML_TAG, _LABEL,
+                    _ANCHOR_TARGET, _ROLE_NAME, _REFERENCE):
         text = pattern.sub(blank, text)
     return text
 
@@ -272,6 +278,7 @@ def test_prose_numbers_come_from_the_computation(path: Path) -> None:
         ("93.3% of rows, 100 words, 1000 steps, 0.50", ["93.3%"]),
         ("the {glue:text}`acc` accuracy", []),
         ("<img src=\"fig_1234.png\" width=\"640\"> 2.4e-07", []),
+        ("<details>\n<summary>Solution</summary>\n\n3/1.32 = 2.273\n\n</details>\nbut 0.468 here", ["0.468"]),
     ],
 )
 def test_what_counts_as_a_prose_number(markdown, expected) -> None:
