@@ -39,7 +39,8 @@ import platform
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -56,7 +57,8 @@ MODE_ORDER = ("causal", "full", "window")
 WINDOW = 256
 #: The lengths swept: a multiple of every tile, and a multiple of none (nor of 16).
 LENGTHS = (4096, 4001)
-DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "attention_core" / "triton_resources.jsonl"
+DEFAULT_CACHE = (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "attention_core"
+                 / "triton_resources.jsonl")
 #: The fields of a row that a compile measures (the rest describe the job).
 MEASURED = ("registers", "stack_bytes", "spill_stores", "spill_loads", "shared_bytes", "hgmma", "hmma")
 #: Largest dynamic shared memory one block may use, bytes (CUDA programming guide, per architecture).
@@ -144,7 +146,8 @@ def _sort_key(row: Dict[str, Any]):
             -row["L"], -row["BLOCK_M"], -row["BLOCK_N"], -row["num_warps"], -row["num_stages"])
 
 
-def write_markdown(path: Path, meta: Dict[str, Any], rows: List[Dict[str, Any]]) -> None:
+def write_markdown(path: Path, meta: Dict[str, Any], rows: List[Dict[str, Any]],
+                   missing: List[Dict[str, Any]]) -> None:
     fav = favoured(rows)
     lines = [
         "# Triton kernels as the GPU sees them (compiled on a CPU)",
@@ -167,6 +170,13 @@ def write_markdown(path: Path, meta: Dict[str, Any], rows: List[Dict[str, Any]])
         lines += ["## The configs the autotuner is expected to favour", "", HEADER]
         lines += [_fmt(r) for r in sorted(fav, key=_sort_key)]
         lines += [""]
+    if missing:
+        lines += [f"## Not compiled ({len(missing)} of {len(rows) + len(missing)})", "",
+                  "The sweep stopped at its time limit before these; `make gpu-sweep` compiles them.", "",
+                  "| kernel | arch | dtype | E | mode | L = S | config |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {j['kernel']} | sm_{j['arch']} | {j['dtype']} | {j['E']} | {j['mode']} | {j['L']} | "
+                  f"{j['BLOCK_M']}x{j['BLOCK_N']} w{j['num_warps']} s{j['num_stages']} |"
+                  for j in sorted(missing, key=_sort_key)] + [""]
     ok = [r for r in rows if not r.get("error")]
     spilling = sum(1 for r in ok if r["spill_stores"] + r["spill_loads"] > 0)
     lines += ["## Every compiled config", "",
@@ -187,6 +197,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and the markdown table")
     p.add_argument("--name", default="triton_resources", help="file name stem")
     p.add_argument("--no-package-copy", action="store_true", help="do not update the package's copy")
+    p.add_argument("--max-minutes", type=float, default=None, help="stop compiling after this long and write the "
+                   "report with the rows not compiled listed in it (0: only what the cache holds)")
     p.add_argument("--cache", default=str(DEFAULT_CACHE), help="compiled rows, reused while the kernels "
                    "are unchanged (--cache '' to compile everything)")
     args = p.parse_args(argv)
@@ -201,7 +213,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     cached: Dict[str, Dict[str, Any]] = {}
     if cache is not None and cache.is_file():
         for line in cache.read_text().splitlines():
-            entry = json.loads(line)
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a line another sweep is writing right now
+                continue
             cached[entry["key"]] = entry["row"]
     # the launch shapes most likely to spill first (ragged lengths, then sm_80), so a cut-short sweep has them
     todo = sorted((j for j in jobs if _job_key(j, fingerprint) not in cached),
@@ -211,15 +226,25 @@ def main(argv: Optional[List[str]] = None) -> None:
     start = time.perf_counter()
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-    with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
-        for i, (job, row) in enumerate(zip(todo, pool.map(_run, todo)), 1):
-            cached[_job_key(job, fingerprint)] = row
-            if cache is not None and not row.get("error"):
-                with cache.open("a") as f:
-                    f.write(json.dumps({"key": _job_key(job, fingerprint), "row": row}) + "\n")
-            if i % 20 == 0 or i == len(todo):
-                print(f"  {i}/{len(todo)} ({time.perf_counter() - start:.0f} s)", flush=True)
-    rows = [cached[_job_key(j, fingerprint)] for j in jobs]
+    deadline = None if args.max_minutes is None else time.time() + 60 * args.max_minutes
+    if todo and (deadline is None or args.max_minutes > 0):
+        with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
+            futures = {pool.submit(_run, job): job for job in todo}
+            try:
+                for i, future in enumerate(as_completed(futures, timeout=None if deadline is None
+                                                        else max(1.0, deadline - time.time())), 1):
+                    job, row = futures[future], future.result()
+                    cached[_job_key(job, fingerprint)] = row
+                    if cache is not None and not row.get("error"):
+                        with cache.open("a") as f:
+                            f.write(json.dumps({"key": _job_key(job, fingerprint), "row": row}) + "\n")
+                    if i % 20 == 0 or i == len(todo):
+                        print(f"  {i}/{len(todo)} ({time.perf_counter() - start:.0f} s)", flush=True)
+            except FuturesTimeout:
+                print(f"time limit: {args.max_minutes} minutes; the rest is listed as not compiled", flush=True)
+                pool.shutdown(wait=False, cancel_futures=True)
+    rows = [cached[_job_key(j, fingerprint)] for j in jobs if _job_key(j, fingerprint) in cached]
+    missing = [j for j in jobs if _job_key(j, fingerprint) not in cached]
     meta = {
         "command": "python benchmarks/triton_resources.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -230,15 +255,22 @@ def main(argv: Optional[List[str]] = None) -> None:
         "kernels_fingerprint": fingerprint,
         "candidates_fingerprint": candidates_fingerprint(),
         "compile_s_total": round(sum(r.get("compile_s") or 0 for r in rows), 1),
+        "scope": {"archs": args.archs, "dtypes": args.dtypes, "head_dims": args.head_dims, "modes": args.modes,
+                  "lengths": args.lengths, "kernels": args.kernels},
+        "compiled": len(rows),
+        "not_compiled": len(missing),
         "wall_s": round(time.perf_counter() - start, 1),
     }
     rows.sort(key=_sort_key)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    write_markdown(args.out / f"{args.name}.md", meta, rows)
+    (args.out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows, "not_compiled": missing},
+                                                           indent=1) + "\n")
+    write_markdown(args.out / f"{args.name}.md", meta, rows, missing)
     fav = favoured(rows)
     if fav and not args.no_package_copy:
-        PACKAGE_COPY.write_text(json.dumps({"meta": meta, "rows": sorted(fav, key=_sort_key)}, indent=1) + "\n")
+        spilling = [r for r in rows if not r.get("error") and r["spill_stores"] + r["spill_loads"] > 0]
+        PACKAGE_COPY.write_text(json.dumps({"meta": meta, "rows": sorted(fav, key=_sort_key),
+                                            "spilling": sorted(spilling, key=_sort_key)}, indent=1) + "\n")
     print(f"wrote {args.out / args.name}.json and .md ({meta['wall_s']} s)")
 
 

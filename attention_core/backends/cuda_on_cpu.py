@@ -105,8 +105,8 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 #: A static ``__shared__`` array declaration on one line: ``__shared__ [__align__(n)] type name[dims];``.
-_STATIC_SHARED = re.compile(r"^([ \t]*__shared__\b[^;=()]*?(?:__align__\(\d+\)[^;=()]*?)?\b(\w+)\s*(?:\[[^\]]+\]\s*)+;)",
-                            re.MULTILINE)
+_STATIC_SHARED = re.compile(
+    r"^([ \t]*__shared__\b[^;=()]*?(?:__align__\(\d+\)[^;=()]*?)?\b(\w+)\s*(?:\[[^\]]+\]\s*)+;)", re.MULTILINE)
 
 
 def register_static_shared(text: str) -> str:

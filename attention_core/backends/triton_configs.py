@@ -15,8 +15,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import triton
 
-__all__ = ["CANDIDATES", "PREPROCESS_BLOCK", "TUNE_KEY", "autotune_configs", "check_block", "favoured_config",
-           "interpreter_shape", "kind", "make_config", "prune_for", "shape_of"]
+__all__ = ["CANDIDATES", "PREPROCESS_BLOCK", "RAGGED_SPILLS", "TUNE_KEY", "autotune_configs", "check_block",
+           "favoured_config", "interpreter_shape", "is_ragged", "kind", "make_config", "prune_for", "shape_of"]
 
 #: A candidate block shape: (BLOCK_M, BLOCK_N, num_warps, num_stages).
 Shape = Tuple[int, int, int, int]
@@ -24,11 +24,14 @@ Shape = Tuple[int, int, int, int]
 #: Autotune candidates per (kernel, kind, head-dim bucket 64 or 128), the one the autotuner is expected to
 #: favour first. Kinds: "half" (fp16/bf16 on sm_80+: tensor cores), "fp32" (IEEE dots on the FMA units, with
 #: every operand in registers, where fp16-sized tiles spill kilobytes per thread) and "sm75" (any dtype before
-#: sm_80, where Triton emits no tensor-core instruction either). Every "half" and "fp32" candidate compiles for
-#: sm_80 and sm_90 without spilling, causal or not; "sm75" ones fit a T4's 64 KiB of shared memory and do not
-#: spill on sm_75 except in the float16 backward at E = 128, which spills whatever the tile (356-1792 bytes
-#: stored per thread; benchmarks/results/triton_resources.md). For dK/dV, BLOCK_N is the tall key tile and
-#: BLOCK_M the short query tile.
+#: sm_80, where Triton emits no tensor-core instruction either). What each candidate compiles to is in
+#: benchmarks/results/triton_resources.md, for sm_80 and sm_90, every dtype, causal / full / window, E in
+#: {64, 80, 128}, at a length that is a multiple of every tile (4096) and at one that is a multiple of none
+#: (4001). At 4096 no "half" or "fp32" candidate spills on sm_80 or sm_90. At a ragged length some do (the
+#: bounds checks of the masked last tile cost registers): those are in :data:`RAGGED_SPILLS`, and
+#: :func:`prune_for` withholds them from the autotuner at such a launch. "sm75" candidates fit a T4's 64 KiB
+#: of shared memory and do not spill on sm_75 except in the float16 backward at E = 128, which spills whatever
+#: the tile. For dK/dV, BLOCK_N is the tall key tile and BLOCK_M the short query tile.
 CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
     ("fwd", "half", 64): [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3),
                           (64, 32, 4, 3)],
@@ -51,8 +54,15 @@ CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
     ("dkdv", "sm75", 128): [(16, 32, 8, 2), (32, 16, 4, 2)],
 }
 
+#: Candidates that spill registers on a GPU when the launch is ragged (L or S not a multiple of the config's
+#: tiles), found by compiling them at L = S = 4001: (kernel, kind, bucket, shape) -> the archs where they do.
+#: At a round length they do not spill and stay candidates; at a ragged one :func:`prune_for` drops them.
+RAGGED_SPILLS: Dict[Tuple[str, str, int, Shape], Tuple[int, ...]] = {}
+
 #: A new best config is searched for each distinct value of these arguments (and of the tensors' dtypes).
-#: ``L_BUCKET``/``S_BUCKET`` are L and S rounded up to a power of two, so a new length does not re-tune.
+#: ``L_BUCKET``/``S_BUCKET`` are L and S rounded up to a power of two, so a new length does not re-tune;
+#: negative when the launch is ragged (:func:`is_ragged`), so a ragged launch never reuses the choice of a
+#: round one (their candidates differ, see :data:`RAGGED_SPILLS`). The kernels never read them.
 TUNE_KEY = ["L_BUCKET", "S_BUCKET", "E", "Ev", "MODE", "PRECISION"]
 
 #: Rows per program of the backward preprocess (not autotuned: it is a memory-bound row sum).
@@ -107,14 +117,23 @@ def _capability(t: torch.Tensor) -> Optional[int]:
     return 10 * major + minor
 
 
+def is_ragged(L: int, S: int) -> bool:
+    """True when L or S is not a multiple of 128, the largest tile: some tile then keeps its bounds checks."""
+    return bool(L % 128 or S % 128)
+
+
 def prune_for(kernel: str):
-    """``early_config_prune``: keep the candidates of this call's GPU, dtype and head-dim bucket."""
+    """``early_config_prune``: keep the candidates of this call's GPU, dtype and head-dim bucket, less those
+    that spill at a ragged launch when this one is (:data:`RAGGED_SPILLS`)."""
 
     def prune(configs: List[triton.Config], named_args: dict, **kwargs: object) -> List[triton.Config]:
         q = named_args["Q"]
-        key = (kernel, kind(q.dtype, _capability(q)), bucket(max(int(kwargs["E"]), int(kwargs["Ev"]))))
-        wanted = set(CANDIDATES[key])
-        return [c for c in configs if shape_of(c) in wanted]
+        arch = _capability(q)
+        key = (kernel, kind(q.dtype, arch), bucket(max(int(kwargs["E"]), int(kwargs["Ev"]))))
+        L, S = int(named_args["L"]), int(named_args["S"])
+        wanted = [s for s in CANDIDATES[key]
+                  if not ((L % s[0] or S % s[1]) and (arch or 80) in RAGGED_SPILLS.get((*key, s), ()))]
+        return [c for c in configs if shape_of(c) in set(wanted or CANDIDATES[key])]
 
     return prune
 
