@@ -268,8 +268,18 @@ def main(argv: Optional[List[str]] = None) -> None:
     write_markdown(args.out / f"{args.name}.md", meta, rows, missing)
     fav = favoured(rows)
     if fav and not args.no_package_copy:
-        spilling = [r for r in rows if not r.get("error") and r["spill_stores"] + r["spill_loads"] > 0]
+        from attention_core.backends.triton_configs import RAGGED_SPILLS, bucket, kind
+
+        def withheld(r: Dict[str, Any]) -> bool:  # never offered to the autotuner at this launch
+            shape = (r["BLOCK_M"], r["BLOCK_N"], r["num_warps"], r["num_stages"])
+            ragged = r["kernel"] != "preprocess" and bool(r["L"] % r["BLOCK_M"] or r["L"] % r["BLOCK_N"])
+            key = (r["kernel"], kind(r["dtype"], r["arch"]), bucket(r["E"]), shape)
+            return ragged and r["arch"] in RAGGED_SPILLS.get(key, ())
+
+        spilling = [dict(r, withheld=withheld(r)) for r in rows
+                    if not r.get("error") and r["spill_stores"] + r["spill_loads"] > 0]
         PACKAGE_COPY.write_text(json.dumps({"meta": meta, "rows": sorted(fav, key=_sort_key),
+                                            "not_compiled": len(missing),
                                             "spilling": sorted(spilling, key=_sort_key)}, indent=1) + "\n")
     print(f"wrote {args.out / args.name}.json and .md ({meta['wall_s']} s)")
 

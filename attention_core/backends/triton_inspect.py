@@ -100,10 +100,11 @@ def _jit_fn(kernel: str):
 def kernels_fingerprint() -> str:
     """A hash of everything that decides what the kernels compile to, except the candidate lists.
 
-    Triton's own cache key of each jit kernel (its source and that of every jit function and global it
-    reaches), the Triton version, and the source of the Python rules that turn a launch into compile-time
-    arguments (:func:`launch_args`, ``kernel_constexprs``, ``mask_mode``, ...). A compiled number stored with
-    this hash belongs to the kernels of that hash; any edit that could change it changes the hash.
+    The source of every ``@triton.jit`` function of :mod:`~attention_core.backends.triton_flash` (the kernels
+    and every helper they call), its numeric module constants, the Triton version, and the source of the Python
+    rules that turn a launch into compile-time arguments (:func:`launch_args`, ``kernel_constexprs``,
+    ``mask_mode``, ...). A compiled number stored with this hash belongs to the kernels of that hash; any edit
+    that could change it changes the hash (moving a kernel down the file does not).
     """
     import hashlib
     import inspect
@@ -111,7 +112,12 @@ def kernels_fingerprint() -> str:
     import triton
 
     tf = _flash()
-    parts = [triton.__version__] + [_jit_fn(k).cache_key for k in sorted(KERNELS)]
+    parts = [triton.__version__]
+    for name, value in sorted(vars(tf).items()):
+        if isinstance(value, triton.runtime.jit.JITFunction):
+            parts.append(f"{name}:{value.src}")
+        elif name.isupper() and isinstance(value, (int, float)) and not isinstance(value, bool):
+            parts.append(f"{name}={value!r}")
     for fn in (tf.kernel_constexprs, tf._mode_constexprs, tf.mask_mode, tf.window_bounds, tf._block_dim,
                tf._precision, launch_args, _signature):
         parts.append(inspect.getsource(fn))
