@@ -197,6 +197,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and the markdown table")
     p.add_argument("--name", default="triton_resources", help="file name stem")
     p.add_argument("--no-package-copy", action="store_true", help="do not update the package's copy")
+    p.add_argument("--favoured-only", action="store_true", help="only the config each kernel is expected to favour")
     p.add_argument("--max-minutes", type=float, default=None, help="stop compiling after this long and write the "
                    "report with the rows not compiled listed in it (0: only what the cache holds)")
     p.add_argument("--cache", default=str(DEFAULT_CACHE), help="compiled rows, reused while the kernels "
@@ -210,6 +211,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     cache = Path(args.cache) if args.cache else None
     fingerprint = kernels_fingerprint()
     jobs = _jobs(args.archs, args.dtypes, args.head_dims, args.modes, args.kernels, args.lengths)
+    if args.favoured_only:
+        jobs = favoured(jobs)
     cached: Dict[str, Dict[str, Any]] = {}
     if cache is not None and cache.is_file():
         for line in cache.read_text().splitlines():

@@ -57,7 +57,21 @@ CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
 #: Candidates that spill registers on a GPU when the launch is ragged (L or S not a multiple of the config's
 #: tiles), found by compiling them at L = S = 4001: (kernel, kind, bucket, shape) -> the archs where they do.
 #: At a round length they do not spill and stay candidates; at a ragged one :func:`prune_for` drops them.
-RAGGED_SPILLS: Dict[Tuple[str, str, int, Shape], Tuple[int, ...]] = {}
+RAGGED_SPILLS: Dict[Tuple[str, str, int, Shape], Tuple[int, ...]] = {
+    # bfloat16 E=64 causal sm_80: 8/4 B; float16 E=64 causal sm_80: 8/4 B
+    ("dq", "half", 64, (128, 32, 4, 3)): (80,),
+    # bfloat16 E=80 causal sm_80: 8/4 B; bfloat16 E=80 full sm_80: 8/4 B; float16 E=80 causal sm_80: 8/4 B;
+    #   float16 E=80 full sm_80: 8/4 B; float16 E=80 window sm_80: 100/200 B
+    ("dq", "half", 128, (64, 64, 4, 3)): (80,),
+    # bfloat16 E=80 causal sm_80: 8/4 B; bfloat16 E=80 full sm_80: 8/4 B; float16 E=80 causal sm_80: 8/4 B;
+    #   float16 E=80 full sm_80: 8/4 B
+    ("dq", "half", 128, (128, 32, 8, 3)): (80,),
+    # bfloat16 E=80 causal sm_80: 40/76 B; bfloat16 E=80 window sm_80: 108/164 B; float16 E=80 causal sm_80:
+    #   40/76 B; float16 E=80 window sm_80: 108/164 B
+    ("fwd", "half", 128, (128, 64, 8, 2)): (80,),
+    # bfloat16 E=80 window sm_80: 12/16 B; float16 E=80 window sm_80: 12/16 B
+    ("fwd", "half", 128, (128, 64, 8, 3)): (80,),
+}
 
 #: A new best config is searched for each distinct value of these arguments (and of the tensors' dtypes).
 #: ``L_BUCKET``/``S_BUCKET`` are L and S rounded up to a power of two, so a new length does not re-tune;
@@ -102,8 +116,9 @@ def favoured_config(kernel: str, dtype: object, E: int, arch: Optional[int] = No
     """The candidate the autotuner is expected to pick (the first listed); ``None`` for the preprocess.
 
     Expected, not measured (no GPU has timed them): the Triton tutorial's tile shapes where they fit, else
-    the largest tile that compiles without spilling. It is the config the resource guard
-    (tests/test_triton_resources.py) holds to 0 spills and tensor-core instructions on sm_80 and sm_90.
+    the largest tile that compiles without spilling at L = S = 4096. The resource guard
+    (tests/test_triton_resources.py) holds every candidate, this one included, to 0 spills and tensor-core
+    instructions on sm_80 and sm_90, except where :data:`RAGGED_SPILLS` withholds it at a ragged launch.
     """
     if kernel == "preprocess":
         return None
