@@ -390,15 +390,22 @@ def test_thread_sanitizer_sees_a_removed_barrier(which: str) -> None:
 
 #: Copies of level 2 that are wrong on a GPU but were right on an older harness: (text, its replacement).
 GPU_ONLY_BUGS = {
-    # Zeroing the padded head-dim columns of Q inside the matrix_a fragment, assuming x[e] is element
-    # (e / 16, e % 16) of the tile: true when every lane held the whole tile, false for a lane's share.
+    # Zeroing the padded head-dim columns of Q and K inside their fragments (matrix_a: column e % 16, matrix_b
+    # col_major: row e / 16) instead of when staging them, assuming x[e] is element (e / 16, e % 16) of the tile:
+    # true when every lane held the whole tile, false for a lane's share of it.
     "operand-fragment-layout": [
         ("    const bool ok = m0 + r < p.L && d < p.E;\n",
          "    const bool ok = (size_t)(m0 + r) * p.E + d < (size_t)p.L * p.E;  // padded columns: the next row\n"),
+        ("      const bool ok = n < p.S && d < p.E;\n      k_s[",
+         "      const bool ok = (size_t)n * p.E + d < (size_t)p.S * p.E;\n      k_s["),
         ("    wmma::load_matrix_sync(q_frag[dt], q_s + warp * 16 * LDT + dt * 16, LDT);\n",
          "    wmma::load_matrix_sync(q_frag[dt], q_s + warp * 16 * LDT + dt * 16, LDT);\n"
          "    for (int e = 0; e < q_frag[dt].num_elements; ++e)\n"
          "      if (dt * 16 + e % 16 >= p.E) q_frag[dt].x[e] = from_float<T>(0.f);\n"),
+        ("        wmma::load_matrix_sync(k_frag, k_s + nt * 16 * LDT + dt * 16, LDT);\n",
+         "        wmma::load_matrix_sync(k_frag, k_s + nt * 16 * LDT + dt * 16, LDT);\n"
+         "        for (int e = 0; e < k_frag.num_elements; ++e)\n"
+         "          if (dt * 16 + e / 16 >= p.E) k_frag.x[e] = from_float<T>(0.f);\n"),
     ],
     # Staging K and V without writing the zero padding: static shared memory kept zeros from the start of the
     # program, a GPU's holds whatever the last kernel left.
