@@ -271,15 +271,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     write_markdown(args.out / f"{args.name}.md", meta, rows, missing)
     fav = favoured(rows)
     if fav and not args.no_package_copy:
-        from attention_core.backends.triton_configs import RAGGED_SPILLS, bucket, kind
+        from attention_core.backends.triton_configs import RAGGED_SPILLS, RAGGED_UNAVOIDABLE, bucket, kind
 
         def withheld(r: Dict[str, Any]) -> bool:  # never offered to the autotuner at this launch
             shape = (r["BLOCK_M"], r["BLOCK_N"], r["num_warps"], r["num_stages"])
             ragged = r["kernel"] != "preprocess" and bool(r["L"] % r["BLOCK_M"] or r["L"] % r["BLOCK_N"])
-            key = (r["kernel"], kind(r["dtype"], r["arch"]), bucket(r["E"]), shape)
-            return ragged and r["arch"] in RAGGED_SPILLS.get(key, ())
+            key = (r["kernel"], kind(r["dtype"], r["arch"]), bucket(r["E"]))
+            return (ragged and r["arch"] in RAGGED_SPILLS.get((*key, shape), ())
+                    and r["arch"] not in RAGGED_UNAVOIDABLE.get(key, ()))
 
-        spilling = [dict(r, withheld=withheld(r)) for r in rows
+        def unavoidable(r: Dict[str, Any]) -> bool:  # every candidate of its list spills at a ragged launch
+            key = (r["kernel"], kind(r["dtype"], r["arch"]), bucket(r["E"]))
+            return r["arch"] in RAGGED_UNAVOIDABLE.get(key, ())
+
+        spilling = [dict(r, withheld=withheld(r), unavoidable=unavoidable(r)) for r in rows
                     if not r.get("error") and r["spill_stores"] + r["spill_loads"] > 0]
         PACKAGE_COPY.write_text(json.dumps({"meta": meta, "rows": sorted(fav, key=_sort_key),
                                             "not_compiled": len(missing),
