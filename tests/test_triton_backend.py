@@ -181,7 +181,10 @@ def test_candidates_are_pruned_by_dtype_and_head_dim(monkeypatch: pytest.MonkeyP
     assert max(bm * bn for bm, bn, _, _ in triton_flash.CANDIDATES[("fwd", "fp32", 128)]) < 128 * 64
     # a candidate known to spill at a ragged launch on this GPU is withheld there, and only there
     first = triton_flash.CANDIDATES[("fwd", "half", 128)][0]
-    monkeypatch.setitem(triton_flash.RAGGED_SPILLS, ("fwd", "half", 128, first), (80,))
+    from attention_core.backends import triton_configs
+
+    monkeypatch.setattr(triton_configs, "RAGGED_SPILLS", {("fwd", "half", 128, first): (80,)})
+    monkeypatch.setattr(triton_configs, "RAGGED_UNAVOIDABLE", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     _Q.dtype, _Q.device = torch.float16, torch.device("cuda", 0)
     fwd = triton_flash._TUNED[0]
@@ -192,6 +195,10 @@ def test_candidates_are_pruned_by_dtype_and_head_dim(monkeypatch: pytest.MonkeyP
                                                                - {first})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert first in kept(fwd, L=4001, S=4001, E=128, Ev=128)  # it spills on sm_80 only
+    # where every candidate of a list spills at a ragged launch, none is withheld
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(triton_configs, "RAGGED_UNAVOIDABLE", {("fwd", "half", 128): (80,)})
+    assert first in kept(fwd, L=4001, S=4001, E=128, Ev=128)
 
 
 def _inputs(device: str = "cpu", dtype: torch.dtype = torch.float32, **kw: object) -> AttentionInputs:
