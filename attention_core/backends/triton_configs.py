@@ -38,7 +38,8 @@ CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
                           (64, 32, 4, 3)],
     ("fwd", "half", 128): [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
     ("dq", "half", 64): [(128, 32, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
-    ("dq", "half", 128): [(128, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
+    # (64, 64, 4, 3) dropped: it spills on sm_80 even at L = 4096 when E = 80 (8 bytes stored per thread)
+    ("dq", "half", 128): [(128, 32, 8, 3), (64, 64, 8, 3), (64, 32, 4, 3)],
     ("dkdv", "half", 64): [(32, 128, 8, 3), (16, 128, 4, 3), (64, 64, 4, 2), (32, 64, 4, 3), (16, 64, 4, 3)],
     ("dkdv", "half", 128): [(16, 128, 8, 3), (64, 64, 8, 2), (16, 64, 4, 3)],
     ("fwd", "fp32", 64): [(32, 32, 4, 2), (32, 32, 8, 2), (16, 64, 4, 2)],
@@ -59,37 +60,52 @@ CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
 #: tiles), found by compiling them at L = S = 4001: (kernel, kind, bucket, shape) -> the archs where they do.
 #: At a round length they do not spill and stay candidates; at a ragged one :func:`prune_for` drops them.
 RAGGED_SPILLS: Dict[Tuple[str, str, int, Shape], Tuple[int, ...]] = {
+    # float32 E=64 full sm_80: 4/4 B
+    ("dkdv", "fp32", 64, (16, 32, 4, 2)): (80,),
+    # float32 E=128 window sm_90: 136/176 B; float32 E=80 window sm_90: 116/152 B
+    ("dkdv", "fp32", 128, (16, 32, 4, 2)): (90,),
     # float32 E=128 window sm_90: 8/8 B; float32 E=80 causal sm_90: 16/16 B; float32 E=80 window sm_80: 12/12 B;
     #   float32 E=80 window sm_90: 12/12 B
     ("dkdv", "fp32", 128, (16, 32, 8, 2)): (80, 90),
-    # bfloat16 E=64 causal sm_80: 28/28 B; bfloat16 E=64 window sm_80: 44/128 B; float16 E=64 causal sm_80:
-    #   28/28 B; float16 E=64 window sm_80: 44/128 B
-    ("dkdv", "half", 64, (64, 64, 4, 2)): (80,),
+    # bfloat16 E=64 window sm_90: 20/20 B; float16 E=64 window sm_90: 20/20 B
+    ("dkdv", "half", 64, (16, 128, 4, 3)): (90,),
+    # bfloat16 E=64 causal sm_80: 28/28 B; bfloat16 E=64 window sm_80: 44/128 B; bfloat16 E=64 window sm_90:
+    #   28/40 B; float16 E=64 causal sm_80: 28/28 B; float16 E=64 window sm_80: 44/128 B; float16 E=64 window
+    #   sm_90: 28/40 B
+    ("dkdv", "half", 64, (64, 64, 4, 2)): (80, 90),
+    # bfloat16 E=128 window sm_90: 20/20 B; bfloat16 E=80 window sm_90: 20/20 B; float16 E=128 window sm_90:
+    #   20/20 B; float16 E=80 window sm_90: 20/20 B
+    ("dkdv", "half", 128, (16, 64, 4, 3)): (90,),
+    # bfloat16 E=128 causal sm_90: 28/28 B; bfloat16 E=128 window sm_90: 124/188 B; bfloat16 E=80 causal sm_90:
+    #   20/20 B; bfloat16 E=80 window sm_90: 128/196 B; float16 E=128 causal sm_90: 28/28 B; float16 E=128
+    #   window sm_90: 124/188 B; float16 E=80 causal sm_90: 20/20 B; float16 E=80 window sm_90: 128/196 B
+    ("dkdv", "half", 128, (64, 64, 8, 2)): (90,),
     # float32 E=128 window sm_80: 12/12 B; float32 E=80 causal sm_80: 16/16 B; float32 E=80 window sm_80: 16/16
     #   B
     ("dq", "fp32", 128, (16, 32, 4, 2)): (80,),
-    # float32 E=128 causal sm_80: 60/140 B; float32 E=128 full sm_80: 80/208 B; float32 E=128 window sm_80:
-    #   96/328 B; float32 E=80 causal sm_80: 68/156 B; float32 E=80 full sm_80: 88/212 B; float32 E=80 window
-    #   sm_80: 120/308 B
-    ("dq", "fp32", 128, (32, 32, 4, 2)): (80,),
+    # float32 E=128 causal sm_80: 60/140 B; float32 E=128 full sm_80: 80/208 B; float32 E=128 full sm_90:
+    #   2052/2352 B; float32 E=128 window sm_80: 96/328 B; float32 E=128 window sm_90: 2056/2656 B; float32 E=80
+    #   causal sm_80: 68/156 B; float32 E=80 full sm_80: 88/212 B; float32 E=80 full sm_90: 2052/2352 B; float32
+    #   E=80 window sm_80: 120/308 B; float32 E=80 window sm_90: 2064/2676 B
+    ("dq", "fp32", 128, (32, 32, 4, 2)): (80, 90),
     # float32 E=128 full sm_90: 432/548 B; float32 E=128 window sm_90: 532/808 B; float32 E=80 full sm_80: 12/12
     #   B; float32 E=80 full sm_90: 436/552 B; float32 E=80 window sm_80: 8/8 B; float32 E=80 window sm_90:
     #   536/812 B
     ("dq", "fp32", 128, (32, 32, 8, 2)): (80, 90),
     # bfloat16 E=64 causal sm_80: 8/4 B; float16 E=64 causal sm_80: 8/4 B
     ("dq", "half", 64, (128, 32, 4, 3)): (80,),
-    # bfloat16 E=128 causal sm_80: 8/4 B; bfloat16 E=128 full sm_80: 8/4 B; bfloat16 E=128 window sm_80: 32/24
-    #   B; bfloat16 E=80 causal sm_80: 8/4 B; bfloat16 E=80 full sm_80: 8/4 B; bfloat16 E=80 window sm_80:
-    #   100/200 B; float16 E=128 causal sm_80: 8/4 B; float16 E=128 full sm_80: 8/4 B; float16 E=128 window
-    #   sm_80: 32/24 B; float16 E=80 causal sm_80: 8/4 B; float16 E=80 full sm_80: 8/4 B; float16 E=80 window
-    #   sm_80: 100/200 B
-    ("dq", "half", 128, (64, 64, 4, 3)): (80,),
     # bfloat16 E=128 causal sm_80: 8/4 B; bfloat16 E=128 full sm_80: 8/4 B; bfloat16 E=80 causal sm_80: 8/4 B;
     #   bfloat16 E=80 full sm_80: 8/4 B; float16 E=128 causal sm_80: 8/4 B; float16 E=128 full sm_80: 8/4 B;
     #   float16 E=80 causal sm_80: 8/4 B; float16 E=80 full sm_80: 8/4 B
     ("dq", "half", 128, (128, 32, 8, 3)): (80,),
-    # float32 E=80 full sm_80: 8/8 B
-    ("fwd", "fp32", 128, (32, 32, 8, 1)): (80,),
+    # float32 E=128 window sm_90: 264/368 B; float32 E=80 causal sm_90: 324/320 B; float32 E=80 full sm_80: 8/8
+    #   B; float32 E=80 full sm_90: 288/304 B; float32 E=80 window sm_90: 356/440 B
+    ("fwd", "fp32", 128, (32, 32, 8, 1)): (80, 90),
+    # bfloat16 E=64 window sm_90: 16/20 B; float16 E=64 window sm_90: 16/20 B
+    ("fwd", "half", 64, (128, 64, 4, 3)): (90,),
+    # bfloat16 E=128 window sm_90: 16/20 B; bfloat16 E=80 window sm_90: 20/24 B; float16 E=128 window sm_90:
+    #   16/20 B; float16 E=80 window sm_90: 20/24 B
+    ("fwd", "half", 128, (64, 64, 4, 3)): (90,),
     # bfloat16 E=128 causal sm_80: 28/60 B; bfloat16 E=128 window sm_80: 64/120 B; bfloat16 E=80 causal sm_80:
     #   40/76 B; bfloat16 E=80 window sm_80: 108/164 B; float16 E=128 causal sm_80: 28/60 B; float16 E=128
     #   window sm_80: 64/120 B; float16 E=80 causal sm_80: 40/76 B; float16 E=80 window sm_80: 108/164 B
@@ -106,6 +122,7 @@ RAGGED_SPILLS: Dict[Tuple[str, str, int, Shape], Tuple[int, ...]] = {
 #: compile of (16, 16, 4, 2) at L = S = 4001 gave no spill on sm_80 in any mode (E = 80 and 128; on sm_90 the
 #: window mode spilled 4 bytes), the candidate to add once a sweep has compiled it everywhere.
 RAGGED_UNAVOIDABLE: Dict[Tuple[str, str, int], Tuple[int, ...]] = {
+    ("dkdv", "fp32", 128): (90,),
     ("dq", "fp32", 128): (80,),
 }
 
