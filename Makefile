@@ -87,7 +87,7 @@ test-site: $(STAMP) site-assets
 
 # Not part of `make test`: the resource reports that tests/test_triton_resources.py and test_cuda_resources.py
 # check. Every Triton kernel x autotune candidate x dtype x mask mode (causal, full, window) x E in {64, 80, 128}
-# x L = S in {4096, 4001} for sm_75, sm_80 and sm_90: 1,488 compiles of 1-4 s each (the sum of their own
+# x L = S in {4096, 4001} for sm_75, sm_80 and sm_90: 1,440 compiles of 1-4 s each (the sum of their own
 # times), so about 30 minutes on 2 idle cores; then the CUDA kernels with nvcc -Xptxas -v (about a minute).
 # Compiles are cached in ~/.cache/attention_core, keyed by the kernels' fingerprint: an interrupted sweep, or
 # one after a candidate list lost a member, compiles only what it has not seen. SWEEP_MINUTES=N stops it after
