@@ -10,12 +10,13 @@ STAMP := $(VENV)/.installed
 NBVAL := -m pytest -q -p no:cacheprovider --dist loadfile --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help venv site-assets book test test-unit test-notebooks test-site test-reader fuzz execute serve lint clean
+.PHONY: help venv site-assets book test test-unit test-notebooks test-site test-reader fuzz gpu-sweep execute serve lint clean
 
 help:
 	@echo "make book    build the site into _build/html"
 	@echo "make test    unit + property tests, nbval over every notebook, strict site build"
 	@echo "make fuzz    every public function on 2,000 generated calls each, with the example counts"
+	@echo "make gpu-sweep  compile every GPU kernel for sm_75/80/90 on this CPU: registers, spills (slow)"
 	@echo "make execute re-run every notebook in place (the canonical run whose outputs are committed)"
 	@echo "make test-reader  every chapter in a reader's environment (Colab's versions, no triton, notebook alone)"
 	@echo "make serve   serve _build/html on http://127.0.0.1:8000"
@@ -83,6 +84,18 @@ test-site: $(STAMP) site-assets
 		echo "Site built in $$(( $$(date +%s) - start )) s: $(CURDIR)/_build/html/index.html"
 	scripts/ensure_chromium.sh
 	$(PY) -m pytest -q -p no:cacheprovider tests/browser
+
+# Not part of `make test`: the resource reports that tests/test_triton_resources.py and test_cuda_resources.py
+# check. Every Triton kernel x autotune candidate x dtype x mask mode (causal, full, window) x E in {64, 80, 128}
+# x L = S in {4096, 4001} for sm_75, sm_80 and sm_90: 1,440 compiles of 1-4 s each (the sum of their own
+# times), so about 30 minutes on 2 idle cores; then the CUDA kernels with nvcc -Xptxas -v (about a minute).
+# Compiles are cached in ~/.cache/attention_core, keyed by the kernels' fingerprint: an interrupted sweep, or
+# one after a candidate list lost a member, compiles only what it has not seen. SWEEP_MINUTES=N stops it after
+# N minutes and lists what was not compiled in the report.
+SWEEP_MINUTES ?=
+gpu-sweep: $(STAMP)
+	$(PY) benchmarks/triton_resources.py --jobs $(JOBS) $(if $(SWEEP_MINUTES),--max-minutes $(SWEEP_MINUTES))
+	$(PY) benchmarks/cuda_resources.py
 
 execute: $(STAMP)
 	$(PY) scripts/execute_notebooks.py $(NOTEBOOKS)

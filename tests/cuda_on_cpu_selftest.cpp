@@ -70,6 +70,7 @@ __global__ void broken(int which, const __half* a) {
     case 4: __syncwarp(0x0000ffffu); break;                // a partial mask
     case 5: if (lane == 0) __syncthreads(); else __syncwarp(); break;  // a deadlock
     case 6: __trap();
+    case 7: wmma::load_matrix_sync(fa, a + 16 * (lane % 2), 16); break;  // lanes pass different pointers
   }
 }
 

@@ -10,9 +10,13 @@ The device code (``csrc/flash_kernels.cuh``), unchanged, is compiled with g++ ag
    every input and the output inside guard zones (an out-of-bounds write changes a guard, an out-of-bounds
    read brings a NaN in); plus S = 0 (every row fully masked: zeros), B = 2 with Hq = 3 over H = 1, and level 1
    in fp16/bf16; level 2 bit-identical under a scrambled WMMA accumulator layout (it must not depend on it);
-3. ThreadSanitizer: the same kernels built with ``-fsanitize=thread`` report no race; copies with one
-   ``__syncthreads`` removed, or one ``__syncwarp`` replaced by a shuffle (which orders no memory), make it
-   report one, naming the shared array.
+3. ThreadSanitizer: the same kernels built with ``-fsanitize=thread`` report no race, under the default and the
+   scrambled fragment mapping; copies with one ``__syncthreads`` removed, one ``__syncwarp`` replaced by a
+   shuffle (which orders no memory), or the ``__syncwarp`` between ``store_matrix_sync`` and reading the tile
+   back removed (a race only when lanes read back what other lanes stored: the scrambled mapping) make it
+   report one, naming the shared array;
+4. copies of level 2 that only a GPU-like harness breaks: one assumes which lane holds which element of an
+   operand fragment, one leaves stale static shared memory in the padding; the oracle must catch both.
 
 Tolerances, |out - ref| <= tol * (1 + |ref|) elementwise: fp32 1e-5; fp16 and bf16 four unit roundoffs of the
 output type (4 * 2^-11 and 4 * 2^-8), since the kernels round P and the output to it.
@@ -49,18 +53,28 @@ def _ids(kernel: tuple) -> str:
 # ------------------------------------------------------------------------------------------ the harness
 
 
-@pytest.fixture(scope="module")
-def selftest(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """tests/cuda_on_cpu_selftest.cpp built against the harness."""
-    out = tmp_path_factory.mktemp("selftest") / "libselftest.so"
+def _build_selftest(folder: Path, *flags: str) -> ctypes.CDLL:
+    out = folder / "libselftest.so"
     cmd = [CXX, "-std=c++17", "-O1", "-pthread", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror",
-           "-Wno-unknown-pragmas", "-I", str(CSRC), str(Path(__file__).with_name("cuda_on_cpu_selftest.cpp")),
-           "-o", str(out)]
+           "-Wno-unknown-pragmas", *flags, "-I", str(CSRC),
+           str(Path(__file__).with_name("cuda_on_cpu_selftest.cpp")), "-o", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     lib = ctypes.CDLL(str(out))
     lib.st_error.restype = ctypes.c_char_p
     return lib
+
+
+@pytest.fixture(scope="module")
+def selftest(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """tests/cuda_on_cpu_selftest.cpp built against the harness."""
+    return _build_selftest(tmp_path_factory.mktemp("selftest"))
+
+
+@pytest.fixture(scope="module")
+def selftest_scrambled(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The same, every WMMA fragment (a, b, accumulator) with a scrambled element-to-lane mapping."""
+    return _build_selftest(tmp_path_factory.mktemp("selftest_scrambled"), "-DAC_CPU_WMMA_LAYOUT=1")
 
 
 def _ptr(a: np.ndarray | torch.Tensor) -> ctypes.c_void_p:
@@ -136,9 +150,13 @@ def test_warp_shuffles_votes_and_barriers(selftest: ctypes.CDLL, threads: int, w
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("scrambled", [False, True], ids=["lanes", "scrambled"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_wmma_tile_is_a_matmul(selftest: ctypes.CDLL, dtype: torch.dtype) -> None:
-    """d = 2 (a b + c), every layout of a, b and d, against float64 (products of 16-bit floats are exact)."""
+def test_wmma_tile_is_a_matmul(selftest: ctypes.CDLL, selftest_scrambled: ctypes.CDLL, dtype: torch.dtype,
+                               scrambled: bool) -> None:
+    """d = 2 (a b + c), every layout of a, b and d, against float64 (products of 16-bit floats are exact), with
+    each lane holding 8 elements of every fragment (mma_sync gathers them from the warp), under both mappings."""
+    selftest = selftest_scrambled if scrambled else selftest
     g = torch.Generator().manual_seed(1)
     a, b = (torch.randn(16, 16, generator=g).to(dtype) for _ in range(2))
     c = torch.randn(16, 16, generator=g)
@@ -171,12 +189,13 @@ def test_dynamic_shared_memory_is_per_block_and_starts_undefined(selftest: ctype
 @pytest.mark.parametrize("which,message", [
     (0, r"not 256-bit \(32-byte\) aligned"), (1, r"ldm = 12 elements of 2 bytes"),
     (2, r"executed \d+ __syncthreads"), (3, r"warp-collective calls"), (4, r"full-warp masks only"),
-    (5, r"waited 1(\.0+)? s"), (6, r"__trap\(\)"),
+    (5, r"waited 1(\.0+)? s"), (6, r"__trap\(\)"), (7, r"lane 1 of the warp passed another pointer"),
 ])
 def test_harness_refuses_misuse(selftest: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, which: int,
                                 message: str) -> None:
-    """Misaligned or badly strided WMMA access, divergent barriers, partial masks, a deadlock, __trap: each stops
-    the launch with a reason, never a hang or a silent wrong answer."""
+    """Misaligned or badly strided WMMA access, divergent barriers, partial masks, a deadlock, __trap, lanes of a
+    warp loading a fragment from different pointers: each stops the launch with a reason, never a hang or a
+    silent wrong answer."""
     monkeypatch.setenv("AC_CPU_BARRIER_TIMEOUT", "1")
     a = torch.zeros(64, dtype=torch.float16)
     assert selftest.st_broken(which, _ptr(a)) == 0
@@ -325,13 +344,30 @@ def test_thread_sanitizer_finds_no_race(tsan_program: Path, case: tuple) -> None
     assert run.returncode == 0 and "ThreadSanitizer" not in run.stderr, run.stderr[-6000:]
 
 
-#: A barrier line of level 2, what replaces it, and the shared array whose race ThreadSanitizer must then name.
+@pytest.fixture(scope="module")
+def tsan_scrambled_program() -> Path:
+    """The ThreadSanitizer program with the scrambled fragment mapping: lanes then read back, from a tile that
+    store_matrix_sync wrote, elements other lanes stored, so a missing __syncwarp there becomes a race."""
+    return cuda_on_cpu.build(program=True, sanitize="thread", extra_flags=["-DAC_CPU_WMMA_LAYOUT=1"])
+
+
+@pytest.mark.parametrize("case", [c for c in TSAN_CASES if c[0] == 2][:2], ids=lambda c: f"{str(c[1])[6:]}-E{c[7]}")
+def test_thread_sanitizer_finds_no_race_under_scrambled_fragments(tsan_scrambled_program: Path, case: tuple) -> None:
+    run = _tsan_run(tsan_scrambled_program, case)
+    assert run.returncode == 0 and "ThreadSanitizer" not in run.stderr, run.stderr[-6000:]
+
+
+#: A barrier line of level 2, what replaces it, the shared array whose race ThreadSanitizer must then name, and
+#: whether the fragment mapping must be scrambled for the race to exist in the harness.
 REMOVED_BARRIERS = {
-    "syncthreads": ("    __syncthreads();  // the K, V tiles are complete\n", "", "(k_s|v_s)"),
+    "syncthreads": ("    __syncthreads();  // the K, V tiles are complete\n", "", "(k_s|v_s)", False),
     # __syncwarp removed, a shuffle in its place: a shuffle moves values, it orders no memory access, so it must
     # not pass for the missing barrier
     "syncwarp-as-shuffle": ("    __syncwarp();  // the S strip is complete\n",
-                            "    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1) - INFINITY);\n", "s_s"),
+                            "    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1) - INFINITY);\n", "s_s", False),
+    # the __syncwarp between store_matrix_sync and reading the staging tile back: under the default mapping each
+    # lane reads back exactly the elements it stored, so only the scrambled mapping (as on a GPU) opens the race
+    "syncwarp-before-readback": ("    __syncwarp();\n", "", "t_s", True),
 }
 
 
@@ -339,11 +375,61 @@ REMOVED_BARRIERS = {
 def test_thread_sanitizer_sees_a_removed_barrier(which: str) -> None:
     """A copy of the level-2 kernel without one barrier: ThreadSanitizer must report the race it opens, on the
     shared array the barrier protected (so a clean report above means something)."""
-    line, replacement, variable = REMOVED_BARRIERS[which]
+    line, replacement, variable, scrambled = REMOVED_BARRIERS[which]
     source = cuda_kernels.DEVICE_SOURCE
     assert source.count(line) == 1, f"the kernel no longer has the line {line!r}"
     program = cuda_on_cpu.build(program=True, sanitize="thread",
-                                sources={"flash_kernels.cuh": source.replace(line, replacement)})
+                                sources={"flash_kernels.cuh": source.replace(line, replacement)},
+                                extra_flags=["-DAC_CPU_WMMA_LAYOUT=1"] if scrambled else [])
     run = _tsan_run(program, (2, torch.float16, 1, 2, 1, 100, 100, 64, True))
     assert run.returncode == 66 and "WARNING: ThreadSanitizer: data race" in run.stderr, run.stderr[-3000:]
     assert re.search(rf"Location is global '[^']*::{variable}'", run.stderr), run.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------- kernels a GPU would break
+
+#: Copies of level 2 that are wrong on a GPU but were right on an older harness: (text, its replacement).
+GPU_ONLY_BUGS = {
+    # Zeroing the padded head-dim columns of Q and K inside their fragments (matrix_a: column e % 16, matrix_b
+    # col_major: row e / 16) instead of when staging them, assuming x[e] is element (e / 16, e % 16) of the tile:
+    # true when every lane held the whole tile, false for a lane's share of it.
+    "operand-fragment-layout": [
+        ("    const bool ok = m0 + r < p.L && d < p.E;\n",
+         "    const bool ok = (size_t)(m0 + r) * p.E + d < (size_t)p.L * p.E;  // padded columns: the next row\n"),
+        ("      const bool ok = n < p.S && d < p.E;\n      k_s[",
+         "      const bool ok = (size_t)n * p.E + d < (size_t)p.S * p.E;\n      k_s["),
+        ("    wmma::load_matrix_sync(q_frag[dt], q_s + warp * 16 * LDT + dt * 16, LDT);\n",
+         "    wmma::load_matrix_sync(q_frag[dt], q_s + warp * 16 * LDT + dt * 16, LDT);\n"
+         "    for (int e = 0; e < q_frag[dt].num_elements; ++e)\n"
+         "      if (dt * 16 + e % 16 >= p.E) q_frag[dt].x[e] = from_float<T>(0.f);\n"),
+        ("        wmma::load_matrix_sync(k_frag, k_s + nt * 16 * LDT + dt * 16, LDT);\n",
+         "        wmma::load_matrix_sync(k_frag, k_s + nt * 16 * LDT + dt * 16, LDT);\n"
+         "        for (int e = 0; e < k_frag.num_elements; ++e)\n"
+         "          if (dt * 16 + e / 16 >= p.E) k_frag.x[e] = from_float<T>(0.f);\n"),
+    ],
+    # Staging K and V without writing the zero padding: static shared memory kept zeros from the start of the
+    # program, a GPU's holds whatever the last kernel left.
+    "stale-shared-memory": [
+        ("      k_s[j * LDT + d] = ok ? k[kv_off + (size_t)n * p.E + d] : from_float<T>(0.f);\n",
+         "      if (ok) k_s[j * LDT + d] = k[kv_off + (size_t)n * p.E + d];\n"),
+        ("      v_s[j * LDT + d] = ok ? v[kv_off + (size_t)n * p.E + d] : from_float<T>(0.f);\n",
+         "      if (ok) v_s[j * LDT + d] = v[kv_off + (size_t)n * p.E + d];\n"),
+    ],
+}
+
+
+@pytest.mark.parametrize("which", list(GPU_ONLY_BUGS))
+def test_oracle_catches_what_only_a_gpu_would_show(which: str) -> None:
+    """Each copy is caught by the oracle comparison: the first because operand fragments hold only each lane's
+    share, the second because static shared memory starts every block as NaN."""
+    source = cuda_kernels.DEVICE_SOURCE
+    for old, new in GPU_ONLY_BUGS[which]:
+        assert source.count(old) == 1, f"the kernel no longer has the line {old!r}"
+        source = source.replace(old, new)
+    library = cuda_on_cpu.build(sources={"flash_kernels.cuh": source})
+    g = torch.Generator().manual_seed(11)
+    # E = 72: padded to D = 128, and the padding starts inside a 16-column fragment
+    q = torch.randn(1, 2, 64, 72, generator=g).to(torch.float16)
+    k, v = (torch.randn(1, 1, 70, 72, generator=g).to(torch.float16) for _ in range(2))
+    err, problems = _run_checked(library, q, k, v, False, 2, 72**-0.5)
+    assert err > TOL[torch.float16] or problems, f"{which}: the broken kernel passed (error {err:.2e})"

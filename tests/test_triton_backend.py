@@ -148,8 +148,11 @@ def test_autotune_key_is_bucketed() -> None:
 
     for tuned in triton_flash._TUNED:
         assert "L" not in tuned.keys and "S" not in tuned.keys and "L_BUCKET" in tuned.keys
-    assert triton_flash._buckets(1000, 1025) == (1024, 2048)
-    assert triton_flash._buckets(513, 1) == (1024, 1)
+    assert triton_flash._buckets(1024, 2048) == (1024, 2048)
+    # ragged (not a multiple of the largest tile): a key of its own, since its candidates differ
+    assert triton_flash._buckets(1000, 1025) == (-1024, -2048)
+    assert triton_flash._buckets(513, 1) == (-1024, -1)
+    assert triton_flash._buckets(1024, 2000) == (-1024, -2048)
 
 
 @pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1",
@@ -161,8 +164,9 @@ def test_candidates_are_pruned_by_dtype_and_head_dim(monkeypatch: pytest.MonkeyP
     class _Q:  # the only things the pruning reads of the query tensor
         dtype, device = torch.float32, torch.device("cpu")
 
-    def kept(tuned, **kw: int) -> list:
-        return sorted(map(triton_flash.shape_of, tuned.early_config_prune(tuned.configs, {"Q": _Q()}, **kw)))
+    def kept(tuned, L: int = 4096, S: int = 4096, **kw: int) -> list:
+        named = {"Q": _Q(), "L": L, "S": S}
+        return sorted(map(triton_flash.shape_of, tuned.early_config_prune(tuned.configs, named, **kw)))
 
     for kernel, tuned in zip(("fwd", "dq", "dkdv"), triton_flash._TUNED):
         _Q.dtype, _Q.device = torch.float32, torch.device("cpu")
@@ -175,6 +179,26 @@ def test_candidates_are_pruned_by_dtype_and_head_dim(monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
         assert kept(tuned, E=64, Ev=64) == sorted(triton_flash.CANDIDATES[(kernel, "half", 64)])
     assert max(bm * bn for bm, bn, _, _ in triton_flash.CANDIDATES[("fwd", "fp32", 128)]) < 128 * 64
+    # a candidate known to spill at a ragged launch on this GPU is withheld there, and only there
+    first = triton_flash.CANDIDATES[("fwd", "half", 128)][0]
+    from attention_core.backends import triton_configs
+
+    monkeypatch.setattr(triton_configs, "RAGGED_SPILLS", {("fwd", "half", 128, first): (80,)})
+    monkeypatch.setattr(triton_configs, "RAGGED_UNAVOIDABLE", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    _Q.dtype, _Q.device = torch.float16, torch.device("cuda", 0)
+    fwd = triton_flash._TUNED[0]
+    assert first in kept(fwd, E=128, Ev=128) and first in kept(fwd, L=4096 + first[0], S=4096, E=128, Ev=128)
+    assert first not in kept(fwd, L=4001, S=4001, E=128, Ev=128)
+    assert first not in kept(fwd, L=4096, S=4096 + first[1] // 2, E=128, Ev=128)
+    assert kept(fwd, L=4001, S=4001, E=128, Ev=128) == sorted(set(triton_flash.CANDIDATES[("fwd", "half", 128)])
+                                                               - {first})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert first in kept(fwd, L=4001, S=4001, E=128, Ev=128)  # it spills on sm_80 only
+    # where every candidate of a list spills at a ragged launch, none is withheld
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(triton_configs, "RAGGED_UNAVOIDABLE", {("fwd", "half", 128): (80,)})
+    assert first in kept(fwd, L=4001, S=4001, E=128, Ev=128)
 
 
 def _inputs(device: str = "cpu", dtype: torch.dtype = torch.float32, **kw: object) -> AttentionInputs:

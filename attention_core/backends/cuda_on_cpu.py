@@ -24,6 +24,7 @@ import ctypes
 import hashlib
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -44,6 +45,7 @@ __all__ = [
     "find_compiler",
     "flash_forward_cpu",
     "load_library",
+    "register_static_shared",
     "run_on_cpu",
     "run_program",
 ]
@@ -102,6 +104,19 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+#: A static ``__shared__`` array declaration on one line: ``__shared__ [__align__(n)] type name[dims];``.
+_STATIC_SHARED = re.compile(
+    r"^([ \t]*__shared__\b[^;=()]*?(?:__align__\(\d+\)[^;=()]*?)?\b(\w+)\s*(?:\[[^\]]+\]\s*)+;)", re.MULTILINE)
+
+
+def register_static_shared(text: str) -> str:
+    """``text`` with every static ``__shared__`` array declaration followed, on the same line (line numbers in
+    messages stay right), by its registration with the harness, which fills it with NaN bytes before each
+    block (``ac_cpu::register_static_shared`` in ``cuda_on_cpu.h``): on a GPU its contents are undefined."""
+    return _STATIC_SHARED.sub(lambda m: f"{m.group(1)} [[maybe_unused]] static const bool {m.group(2)}_ac_registered"
+                              f" = ::ac_cpu::register_static_shared({m.group(2)}, sizeof({m.group(2)}));", text)
+
+
 def build(*, program: bool = False, sanitize: Optional[str] = None, sources: Optional[Mapping[str, str]] = None,
           extra_flags: Sequence[str] = ()) -> Path:
     """Compile the flash kernels with the CPU harness; returns the path of the (cached) shared library or program.
@@ -127,6 +142,8 @@ def build(*, program: bool = False, sanitize: Optional[str] = None, sources: Opt
         if name not in texts:
             raise ValueError(f"sources may replace files of csrc/ {sorted(texts)}, got {name!r}")
     texts.update(sources or {})
+    texts = {n: (t if n == "cuda_on_cpu.h" or not n.endswith((".cuh", ".h")) else register_static_shared(t))
+             for n, t in texts.items()}
     flags = list(_BASE_FLAGS) + (["-fsanitize=thread", "-g"] if sanitize else []) + list(extra_flags)
     flags += [] if program else ["-shared", "-fPIC"]
     units = ["flash_cpu.cpp"] + (["flash_cpu_main.cpp"] if program else [])

@@ -15,8 +15,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import triton
 
-__all__ = ["CANDIDATES", "PREPROCESS_BLOCK", "TUNE_KEY", "autotune_configs", "check_block", "favoured_config",
-           "interpreter_shape", "kind", "make_config", "prune_for", "shape_of"]
+__all__ = ["CANDIDATES", "PREPROCESS_BLOCK", "RAGGED_SPILLS", "RAGGED_UNAVOIDABLE", "TUNE_KEY", "autotune_configs",
+           "check_block",
+           "favoured_config", "interpreter_shape", "is_ragged", "kind", "make_config", "prune_for", "shape_of"]
 
 #: A candidate block shape: (BLOCK_M, BLOCK_N, num_warps, num_stages).
 Shape = Tuple[int, int, int, int]
@@ -24,17 +25,21 @@ Shape = Tuple[int, int, int, int]
 #: Autotune candidates per (kernel, kind, head-dim bucket 64 or 128), the one the autotuner is expected to
 #: favour first. Kinds: "half" (fp16/bf16 on sm_80+: tensor cores), "fp32" (IEEE dots on the FMA units, with
 #: every operand in registers, where fp16-sized tiles spill kilobytes per thread) and "sm75" (any dtype before
-#: sm_80, where Triton emits no tensor-core instruction either). Every "half" and "fp32" candidate compiles for
-#: sm_80 and sm_90 without spilling, causal or not; "sm75" ones fit a T4's 64 KiB of shared memory and do not
-#: spill on sm_75 except in the float16 backward at E = 128, which spills whatever the tile (356-1792 bytes
-#: stored per thread; benchmarks/results/triton_resources.md). For dK/dV, BLOCK_N is the tall key tile and
-#: BLOCK_M the short query tile.
+#: sm_80, where Triton emits no tensor-core instruction either). What each candidate compiles to is in
+#: benchmarks/results/triton_resources.md, for sm_80 and sm_90, every dtype, causal / full / window, E in
+#: {64, 80, 128}, at a length that is a multiple of every tile (4096) and at one that is a multiple of none
+#: (4001). At 4096 no "half" or "fp32" candidate spills on sm_80 or sm_90. At a ragged length some do (the
+#: bounds checks of the masked last tile cost registers): those are in :data:`RAGGED_SPILLS`, and
+#: :func:`prune_for` withholds them from the autotuner at such a launch. "sm75" candidates fit a T4's 64 KiB
+#: of shared memory and do not spill on sm_75 except in the float16 backward at E = 128, which spills whatever
+#: the tile. For dK/dV, BLOCK_N is the tall key tile and BLOCK_M the short query tile.
 CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
     ("fwd", "half", 64): [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3),
                           (64, 32, 4, 3)],
     ("fwd", "half", 128): [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
     ("dq", "half", 64): [(128, 32, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
-    ("dq", "half", 128): [(128, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
+    # (64, 64, 4, 3) dropped: it spills on sm_80 even at L = 4096 when E = 80 (8 bytes stored per thread)
+    ("dq", "half", 128): [(128, 32, 8, 3), (64, 64, 8, 3), (64, 32, 4, 3)],
     ("dkdv", "half", 64): [(32, 128, 8, 3), (16, 128, 4, 3), (64, 64, 4, 2), (32, 64, 4, 3), (16, 64, 4, 3)],
     ("dkdv", "half", 128): [(16, 128, 8, 3), (64, 64, 8, 2), (16, 64, 4, 3)],
     ("fwd", "fp32", 64): [(32, 32, 4, 2), (32, 32, 8, 2), (16, 64, 4, 2)],
@@ -51,8 +56,80 @@ CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
     ("dkdv", "sm75", 128): [(16, 32, 8, 2), (32, 16, 4, 2)],
 }
 
+#: Candidates that spill registers on a GPU when the launch is ragged (L or S not a multiple of the config's
+#: tiles), found by compiling them at L = S = 4001: (kernel, kind, bucket, shape) -> the archs where they do.
+#: At a round length they do not spill and stay candidates; at a ragged one :func:`prune_for` drops them.
+RAGGED_SPILLS: Dict[Tuple[str, str, int, Shape], Tuple[int, ...]] = {
+    # float32 E=64 full sm_80: 4/4 B
+    ("dkdv", "fp32", 64, (16, 32, 4, 2)): (80,),
+    # float32 E=128 window sm_90: 136/176 B; float32 E=80 window sm_90: 116/152 B
+    ("dkdv", "fp32", 128, (16, 32, 4, 2)): (90,),
+    # float32 E=128 window sm_90: 8/8 B; float32 E=80 causal sm_90: 16/16 B; float32 E=80 window sm_80: 12/12 B;
+    #   float32 E=80 window sm_90: 12/12 B
+    ("dkdv", "fp32", 128, (16, 32, 8, 2)): (80, 90),
+    # bfloat16 E=64 window sm_90: 20/20 B; float16 E=64 window sm_90: 20/20 B
+    ("dkdv", "half", 64, (16, 128, 4, 3)): (90,),
+    # bfloat16 E=64 causal sm_80: 28/28 B; bfloat16 E=64 window sm_80: 44/128 B; bfloat16 E=64 window sm_90:
+    #   28/40 B; float16 E=64 causal sm_80: 28/28 B; float16 E=64 window sm_80: 44/128 B; float16 E=64 window
+    #   sm_90: 28/40 B
+    ("dkdv", "half", 64, (64, 64, 4, 2)): (80, 90),
+    # bfloat16 E=128 window sm_90: 20/20 B; bfloat16 E=80 window sm_90: 20/20 B; float16 E=128 window sm_90:
+    #   20/20 B; float16 E=80 window sm_90: 20/20 B
+    ("dkdv", "half", 128, (16, 64, 4, 3)): (90,),
+    # bfloat16 E=128 causal sm_90: 28/28 B; bfloat16 E=128 window sm_90: 124/188 B; bfloat16 E=80 causal sm_90:
+    #   20/20 B; bfloat16 E=80 window sm_90: 128/196 B; float16 E=128 causal sm_90: 28/28 B; float16 E=128
+    #   window sm_90: 124/188 B; float16 E=80 causal sm_90: 20/20 B; float16 E=80 window sm_90: 128/196 B
+    ("dkdv", "half", 128, (64, 64, 8, 2)): (90,),
+    # float32 E=128 window sm_80: 12/12 B; float32 E=80 causal sm_80: 16/16 B; float32 E=80 window sm_80: 16/16
+    #   B
+    ("dq", "fp32", 128, (16, 32, 4, 2)): (80,),
+    # float32 E=128 causal sm_80: 60/140 B; float32 E=128 full sm_80: 80/208 B; float32 E=128 full sm_90:
+    #   2052/2352 B; float32 E=128 window sm_80: 96/328 B; float32 E=128 window sm_90: 2056/2656 B; float32 E=80
+    #   causal sm_80: 68/156 B; float32 E=80 full sm_80: 88/212 B; float32 E=80 full sm_90: 2052/2352 B; float32
+    #   E=80 window sm_80: 120/308 B; float32 E=80 window sm_90: 2064/2676 B
+    ("dq", "fp32", 128, (32, 32, 4, 2)): (80, 90),
+    # float32 E=128 full sm_90: 432/548 B; float32 E=128 window sm_90: 532/808 B; float32 E=80 full sm_80: 12/12
+    #   B; float32 E=80 full sm_90: 436/552 B; float32 E=80 window sm_80: 8/8 B; float32 E=80 window sm_90:
+    #   536/812 B
+    ("dq", "fp32", 128, (32, 32, 8, 2)): (80, 90),
+    # bfloat16 E=64 causal sm_80: 8/4 B; float16 E=64 causal sm_80: 8/4 B
+    ("dq", "half", 64, (128, 32, 4, 3)): (80,),
+    # bfloat16 E=128 causal sm_80: 8/4 B; bfloat16 E=128 full sm_80: 8/4 B; bfloat16 E=80 causal sm_80: 8/4 B;
+    #   bfloat16 E=80 full sm_80: 8/4 B; float16 E=128 causal sm_80: 8/4 B; float16 E=128 full sm_80: 8/4 B;
+    #   float16 E=80 causal sm_80: 8/4 B; float16 E=80 full sm_80: 8/4 B
+    ("dq", "half", 128, (128, 32, 8, 3)): (80,),
+    # float32 E=128 window sm_90: 264/368 B; float32 E=80 causal sm_90: 324/320 B; float32 E=80 full sm_80: 8/8
+    #   B; float32 E=80 full sm_90: 288/304 B; float32 E=80 window sm_90: 356/440 B
+    ("fwd", "fp32", 128, (32, 32, 8, 1)): (80, 90),
+    # bfloat16 E=64 window sm_90: 16/20 B; float16 E=64 window sm_90: 16/20 B
+    ("fwd", "half", 64, (128, 64, 4, 3)): (90,),
+    # bfloat16 E=128 window sm_90: 16/20 B; bfloat16 E=80 window sm_90: 20/24 B; float16 E=128 window sm_90:
+    #   16/20 B; float16 E=80 window sm_90: 20/24 B
+    ("fwd", "half", 128, (64, 64, 4, 3)): (90,),
+    # bfloat16 E=128 causal sm_80: 28/60 B; bfloat16 E=128 window sm_80: 64/120 B; bfloat16 E=80 causal sm_80:
+    #   40/76 B; bfloat16 E=80 window sm_80: 108/164 B; float16 E=128 causal sm_80: 28/60 B; float16 E=128
+    #   window sm_80: 64/120 B; float16 E=80 causal sm_80: 40/76 B; float16 E=80 window sm_80: 108/164 B
+    ("fwd", "half", 128, (128, 64, 8, 2)): (80,),
+    # bfloat16 E=128 window sm_80: 8/8 B; bfloat16 E=80 window sm_80: 12/16 B; float16 E=128 window sm_80: 8/8
+    #   B; float16 E=80 window sm_80: 12/16 B
+    ("fwd", "half", 128, (128, 64, 8, 3)): (80,),
+}
+
+#: Candidate lists every member of which spills at some ragged launch on that GPU: (kernel, kind, bucket) ->
+#: archs. Withholding them all would leave nothing to run, so there :func:`prune_for` withholds none of them
+#: and the autotuner times them all (the spills, listed in RAGGED_SPILLS, are a few to a few hundred bytes).
+#: The way out is a smaller tile that compiles without spilling: for dq in float32 at E > 64, a one-off
+#: compile of (16, 16, 4, 2) at L = S = 4001 gave no spill on sm_80 in any mode (E = 80 and 128; on sm_90 the
+#: window mode spilled 4 bytes), the candidate to add once a sweep has compiled it everywhere.
+RAGGED_UNAVOIDABLE: Dict[Tuple[str, str, int], Tuple[int, ...]] = {
+    ("dkdv", "fp32", 128): (90,),
+    ("dq", "fp32", 128): (80,),
+}
+
 #: A new best config is searched for each distinct value of these arguments (and of the tensors' dtypes).
-#: ``L_BUCKET``/``S_BUCKET`` are L and S rounded up to a power of two, so a new length does not re-tune.
+#: ``L_BUCKET``/``S_BUCKET`` are L and S rounded up to a power of two, so a new length does not re-tune;
+#: negative when the launch is ragged (:func:`is_ragged`), so a ragged launch never reuses the choice of a
+#: round one (their candidates differ, see :data:`RAGGED_SPILLS`). The kernels never read them.
 TUNE_KEY = ["L_BUCKET", "S_BUCKET", "E", "Ev", "MODE", "PRECISION"]
 
 #: Rows per program of the backward preprocess (not autotuned: it is a memory-bound row sum).
@@ -92,8 +169,9 @@ def favoured_config(kernel: str, dtype: object, E: int, arch: Optional[int] = No
     """The candidate the autotuner is expected to pick (the first listed); ``None`` for the preprocess.
 
     Expected, not measured (no GPU has timed them): the Triton tutorial's tile shapes where they fit, else
-    the largest tile that compiles without spilling. It is the config the resource guard
-    (tests/test_triton_resources.py) holds to 0 spills and tensor-core instructions on sm_80 and sm_90.
+    the largest tile that compiles without spilling at L = S = 4096. The resource guard
+    (tests/test_triton_resources.py) holds every candidate, this one included, to 0 spills and tensor-core
+    instructions on sm_80 and sm_90, except where :data:`RAGGED_SPILLS` withholds it at a ragged launch.
     """
     if kernel == "preprocess":
         return None
@@ -107,14 +185,25 @@ def _capability(t: torch.Tensor) -> Optional[int]:
     return 10 * major + minor
 
 
+def is_ragged(L: int, S: int) -> bool:
+    """True when L or S is not a multiple of 128, the largest tile: some tile then keeps its bounds checks."""
+    return bool(L % 128 or S % 128)
+
+
 def prune_for(kernel: str):
-    """``early_config_prune``: keep the candidates of this call's GPU, dtype and head-dim bucket."""
+    """``early_config_prune``: keep the candidates of this call's GPU, dtype and head-dim bucket, less those
+    that spill at a ragged launch when this one is (:data:`RAGGED_SPILLS`)."""
 
     def prune(configs: List[triton.Config], named_args: dict, **kwargs: object) -> List[triton.Config]:
         q = named_args["Q"]
-        key = (kernel, kind(q.dtype, _capability(q)), bucket(max(int(kwargs["E"]), int(kwargs["Ev"]))))
-        wanted = set(CANDIDATES[key])
-        return [c for c in configs if shape_of(c) in wanted]
+        arch = _capability(q)
+        key = (kernel, kind(q.dtype, arch), bucket(max(int(kwargs["E"]), int(kwargs["Ev"]))))
+        L, S = int(named_args["L"]), int(named_args["S"])
+        wanted = [s for s in CANDIDATES[key]
+                  if not ((L % s[0] or S % s[1]) and (arch or 80) in RAGGED_SPILLS.get((*key, s), ()))]
+        if (arch or 80) in RAGGED_UNAVOIDABLE.get(key, ()):
+            wanted = CANDIDATES[key]
+        return [c for c in configs if shape_of(c) in set(wanted or CANDIDATES[key])]
 
     return prune
 

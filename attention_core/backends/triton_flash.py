@@ -63,6 +63,7 @@ from attention_core.backends.fused_checks import (
 from attention_core.backends.triton_configs import (  # noqa: F401  (re-exported: tests, triton_inspect)
     CANDIDATES,
     PREPROCESS_BLOCK,
+    RAGGED_SPILLS,
     TUNE_KEY,
     autotune_configs,
     check_block,
@@ -655,7 +656,11 @@ def kernel_constexprs(kernel: str, *, L: int, S: int, E: int, Ev: int, left: int
 
 
 def _buckets(L: int, S: int) -> Tuple[int, int]:
-    return triton.next_power_of_2(L), triton.next_power_of_2(S)
+    """The autotune key's ``(L_BUCKET, S_BUCKET)``: powers of two, negative at a ragged launch (TUNE_KEY)."""
+    from attention_core.backends.triton_configs import is_ragged  # (imported here: the kernels' lines stay put)
+
+    sign = -1 if is_ragged(L, S) else 1
+    return sign * triton.next_power_of_2(L), sign * triton.next_power_of_2(S)
 
 
 #: A row stride past this makes ``BLOCK * stride`` (an offset inside one tile, 32-bit) risk passing 2^31.

@@ -31,7 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
-__all__ = ["ARCHS", "KERNELS", "KernelResources", "compile_kernel", "kernel_configs", "launch_args"]
+__all__ = ["ARCHS", "KERNELS", "KernelResources", "candidates_fingerprint", "compile_kernel", "kernel_configs",
+           "kernels_fingerprint", "launch_args"]
 
 #: Compute capabilities inspected: Turing (T4, Colab's free GPU), Ampere (A100), Hopper (H100).
 ARCHS = (75, 80, 90)
@@ -94,6 +95,43 @@ def _jit_fn(kernel: str):
     while not hasattr(fn, "arg_names") or not hasattr(fn, "constexprs"):
         fn = fn.fn
     return fn
+
+
+def kernels_fingerprint() -> str:
+    """A hash of everything that decides what the kernels compile to, except the candidate lists.
+
+    The source of every ``@triton.jit`` function of :mod:`~attention_core.backends.triton_flash` (the kernels
+    and every helper they call), its numeric module constants, the Triton version, and the source of the Python
+    rules that turn a launch into compile-time arguments (:func:`launch_args`, ``kernel_constexprs``,
+    ``mask_mode``, ...). A compiled number stored with this hash belongs to the kernels of that hash; any edit
+    that could change it changes the hash (moving a kernel down the file does not).
+    """
+    import hashlib
+    import inspect
+
+    import triton
+
+    tf = _flash()
+    parts = [triton.__version__]
+    for name, value in sorted(vars(tf).items()):
+        if isinstance(value, triton.runtime.jit.JITFunction):
+            parts.append(f"{name}:{value.src}")
+        elif name.isupper() and isinstance(value, (int, float)) and not isinstance(value, bool):
+            parts.append(f"{name}={value!r}")
+    for fn in (tf.kernel_constexprs, tf._mode_constexprs, tf.mask_mode, tf.window_bounds, tf._block_dim,
+               tf._precision, launch_args, _signature):
+        parts.append(inspect.getsource(fn))
+    parts.append(repr(sorted(tf._EVEN)))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def candidates_fingerprint() -> str:
+    """A hash of the autotune candidate lists and the preprocess block (what a sweep compiles)."""
+    import hashlib
+
+    tf = _flash()
+    text = repr(sorted(tf.CANDIDATES.items())) + f"|{tf.PREPROCESS_BLOCK}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def kernel_configs(kernel: str, dtype: str, E: int, arch: Optional[int] = None) -> list:

@@ -11,8 +11,9 @@
 //   - __syncthreads() is a barrier of the block's threads; __syncwarp() a barrier of the warp's lanes. Both
 //     order memory like their CUDA namesakes (mutex + condition variable: ThreadSanitizer understands them).
 //   - Static __shared__ variables are `static` locals: one object per kernel instantiation, which the one block
-//     that runs at a time owns. They start at zero and keep what the previous block left (a GPU gives undefined
-//     contents): a read before any write is not caught. Dynamic shared memory is declared with
+//     that runs at a time owns. Built through cuda_on_cpu.py, each is registered when first reached and filled
+//     with 0xFF bytes (NaN) then and before every later block (see register_static_shared), so a read of
+//     shared memory the block did not write brings a NaN in, as a GPU's undefined contents would bring garbage. Dynamic shared memory is declared with
 //     AC_EXTERN_SHARED(type, name) (see below); it is one arena per launch, 128-byte aligned, filled with 0xFF
 //     bytes (NaN as float, half and bfloat16) before each block.
 //   - Warp shuffles and votes (__shfl*_sync, __ballot_sync, __any_sync, __all_sync) exchange values through
@@ -23,9 +24,10 @@
 //     with __CUDA_NO_HALF_OPERATORS__ on the GPU too), so a kernel that relies on them fails to compile here.
 //   - nvcuda::wmma: fragments, fill_fragment, load_matrix_sync, mma_sync, store_matrix_sync for m16n16k16
 //     (half and bfloat16 operands, float accumulator). The element-to-lane mapping of a fragment is
-//     unspecified on a GPU; here a matrix_a / matrix_b fragment holds its whole tile in every lane and an
-//     accumulator fragment holds 8 of the 256 elements in each lane (lane l: row-major elements l, l + 32, ...;
-//     -DAC_CPU_WMMA_LAYOUT=1 scrambles them, to check that a kernel does not depend on the mapping).
+//     unspecified on a GPU; here every fragment (matrix_a, matrix_b, accumulator) holds 8 of the 256 elements in
+//     each lane (lane l: row-major elements l, l + 32, ...; -DAC_CPU_WMMA_LAYOUT=1 scrambles them, differently
+//     per use, to check that a kernel does not depend on the mapping), and mma_sync gathers the operands from
+//     all 32 lanes. Loads and stores check that every lane of the warp passes the same pointer, ldm and layout.
 //     Element-wise code over frag.x[0 .. num_elements) between fragments of the same type is therefore
 //     correct here exactly when it is correct on a GPU; code that assumes a particular mapping is not.
 //     mma_sync multiplies exactly (every fp16/bf16 product fits a float) and sums in float, in k order.
@@ -186,6 +188,7 @@ struct Warp {
   Barrier barrier;
   int size = 32;
   uint64_t slots[32] = {};  // values exchanged by shuffles and votes
+  uint64_t slots2[32] = {};  // a second value per lane (WMMA: the b operand's fragment, the stride)
 };
 
 class Block {
@@ -360,6 +363,37 @@ T* dynamic_shared() {
   return reinterpret_cast<T*>(dynamic_arena().base);
 }
 
+// ---------------------------------------------------------------------------------- static shared memory
+
+// Static __shared__ arrays are `static` locals, zero-initialised once and then kept from block to block, where a
+// GPU gives a block undefined contents. cuda_on_cpu.py builds the kernels with every static __shared__
+// declaration followed by `static const bool <name>_ac_registered = ac_cpu::register_static_shared(...)`: the
+// first thread to get there (C++ runs a static local's initialiser once, other threads wait for it) records the
+// array and fills it with 0xFF bytes, and every later block starts with it filled again (NaN as float, half and
+// bfloat16), so a read of shared memory that this block did not write shows up as it would on a GPU: garbage.
+struct StaticShared {
+  void* ptr;
+  size_t bytes;
+};
+inline std::mutex& static_shared_mutex() {
+  static std::mutex m;
+  return m;
+}
+inline std::vector<StaticShared>& static_shared() {
+  static std::vector<StaticShared> regions;
+  return regions;
+}
+inline bool register_static_shared(void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(static_shared_mutex());
+  static_shared().push_back({ptr, bytes});
+  std::memset(ptr, 0xFF, bytes);
+  return true;
+}
+inline void poison_static_shared() {
+  std::lock_guard<std::mutex> lock(static_shared_mutex());
+  for (const StaticShared& r : static_shared()) std::memset(r.ptr, 0xFF, r.bytes);
+}
+
 // --------------------------------------------------------------------------------------------------- launch
 
 // Runs kernel(args...) over the grid, block after block. Returns false (and sets last_error()) when a thread
@@ -379,6 +413,7 @@ bool launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t dynamic_sme
     for (unsigned by = 0; by < grid.y; ++by) {
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         std::memset(arena.base, 0xFF, arena.bytes);  // undefined on a GPU: NaN here
+        poison_static_shared();                       // what the previous block left: NaN too
         Block blk(threads);
         std::vector<std::thread> pool;
         pool.reserve(threads);
@@ -615,19 +650,35 @@ void check_pointer(const T* ptr, unsigned ldm, const char* op) {
 }
 }  // namespace detail
 
+// Which element of a 16 x 16 tile (row-major index 0..255) lane `lane` holds in x[i] of a fragment; `use` is 0
+// for matrix_a, 1 for matrix_b, 2 for an accumulator. Each lane holds 8 elements of every fragment, as on a GPU
+// (where the mapping is unspecified and differs between uses and architectures). AC_CPU_WMMA_LAYOUT picks the
+// mapping: 0 (default) lane l holds elements l, l + 32, l + 64, ...; 1 a scrambled bijection per use,
+// (m e + c) mod 256 of e = 8 l + i with an odd m, so no lane holds a row, a column or what it would hold under 0.
+// A kernel that is right for any mapping gives bit-identical results under both.
+#ifndef AC_CPU_WMMA_LAYOUT
+#define AC_CPU_WMMA_LAYOUT 0
+#endif
+inline int element_of(int use, int lane, int i) {
+  static constexpr int mul[3] = {53, 149, 37}, add[3] = {101, 7, 11};
+  return AC_CPU_WMMA_LAYOUT == 0 ? lane + 32 * i : (mul[use] * (8 * lane + i) + add[use]) % 256;
+}
+
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 class fragment;
 
-// matrix_a (M x K) and matrix_b (K x N): every lane holds the whole tile, row-major in x[].
+// matrix_a (M x K) and matrix_b (K x N): 8 of the tile's 256 elements in each lane (element_of); mma_sync
+// gathers the whole tile from the 32 lanes of the warp, as the tensor core reads every lane's registers.
 template <int M, int N, int K, typename T, typename Layout>
 class fragment<matrix_a, M, N, K, T, Layout> {
   static_assert(M == 16 && N == 16 && K == 16, "the harness emulates m16n16k16 only");
   static_assert(std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value, "half or bfloat16");
 
  public:
-  static constexpr int rows = M, cols = K;
-  static constexpr int num_elements = M * K;
+  static constexpr int rows = M, cols = K, use = 0;
+  static constexpr int num_elements = M * K / 32;
   T x[num_elements];
+  static int index(int i) { return element_of(use, ac_cpu::lane_id(), i); }
 };
 template <int M, int N, int K, typename T, typename Layout>
 class fragment<matrix_b, M, N, K, T, Layout> {
@@ -635,29 +686,49 @@ class fragment<matrix_b, M, N, K, T, Layout> {
   static_assert(std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value, "half or bfloat16");
 
  public:
-  static constexpr int rows = K, cols = N;
-  static constexpr int num_elements = K * N;
+  static constexpr int rows = K, cols = N, use = 1;
+  static constexpr int num_elements = K * N / 32;
   T x[num_elements];
+  static int index(int i) { return element_of(use, ac_cpu::lane_id(), i); }
 };
-// accumulator (M x N, float): 8 of the 256 elements in each lane. AC_CPU_WMMA_LAYOUT picks which: 0 (default)
-// lane l holds the row-major elements l, l + 32, l + 64, ...; 1 a scrambled bijection (37 e + 11) mod 256 of
-// e = 8 l + i. A kernel that is right for any mapping gives bit-identical results under both.
-#ifndef AC_CPU_WMMA_LAYOUT
-#define AC_CPU_WMMA_LAYOUT 0
-#endif
+// accumulator (M x N, float): 8 of the 256 elements in each lane.
 template <int M, int N, int K, typename T>
 class fragment<accumulator, M, N, K, T, void> {
   static_assert(M == 16 && N == 16 && K == 16, "the harness emulates m16n16k16 only");
   static_assert(std::is_same<T, float>::value, "the harness emulates float accumulators only");
 
  public:
+  static constexpr int use = 2;
   static constexpr int num_elements = M * N / 32;
   T x[num_elements];
-  static int index(int i) {  // the row-major element held in x[i]
-    const int lane = ac_cpu::lane_id();
-    return AC_CPU_WMMA_LAYOUT == 0 ? lane + 32 * i : (37 * (8 * lane + i) + 11) % 256;
-  }
+  static int index(int i) { return element_of(use, ac_cpu::lane_id(), i); }
 };
+
+namespace detail {
+// WMMA loads and stores are warp-wide: CUDA requires every lane to pass the same pointer, stride and layout
+// ("mptr, ldm, layout, and all template parameters for a must be the same for all threads in the warp").
+// Checked here by comparing the lanes' arguments (an exchange that orders no memory, as on a GPU).
+inline void check_uniform(const char* op, const void* ptr, uint64_t ldm_layout) {
+  ac_cpu::Warp& w = ac_cpu::tls_block->warp(ac_cpu::warp_id());
+  const int lane = ac_cpu::lane_id();
+  int odd = -1;
+  {
+    [[maybe_unused]] ac_cpu::UnorderedExchange unordered;
+    w.slots[lane] = reinterpret_cast<uintptr_t>(ptr);
+    w.slots2[lane] = ldm_layout;
+    ac_cpu::warp_sync(op);
+    for (int l = 0; l < w.size && odd < 0; ++l)
+      if (w.slots[l] != w.slots[0] || w.slots2[l] != w.slots2[0]) odd = l;
+    ac_cpu::warp_sync(op);
+  }
+  if (odd >= 0) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s: lane %d of the warp passed another pointer, ldm or layout than lane 0 "
+                  "(every lane must pass the same)", op, odd);
+    ac_cpu::fail(buf);
+  }
+}
+}  // namespace detail
 
 template <typename Use, int M, int N, int K, typename T, typename Layout>
 void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, const T& value) {
@@ -665,23 +736,27 @@ void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, const T& value) {
   for (int i = 0; i < f.num_elements; ++i) f.x[i] = value;
 }
 
-// matrix_a / matrix_b: element (r, c) of the tile at ptr[r * ldm + c] (row_major) or ptr[c * ldm + r].
+// matrix_a / matrix_b: element (r, c) of the tile at ptr[r * ldm + c] (row_major) or ptr[c * ldm + r]; each lane
+// loads only the elements it holds.
 template <typename Use, int M, int N, int K, typename T, typename Layout>
 void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* ptr, unsigned ldm) {
   static_assert(!std::is_same<Use, accumulator>::value, "an accumulator load takes a layout_t");
   static_assert(std::is_same<Layout, row_major>::value || std::is_same<Layout, col_major>::value,
                 "matrix_a / matrix_b fragments need a row_major or col_major layout");
   ac_cpu::log_collective(17);
+  detail::check_uniform("load_matrix_sync", ptr, ldm);
   detail::check_pointer(ptr, ldm, "load_matrix_sync");
-  constexpr int R = fragment<Use, M, N, K, T, Layout>::rows, C = fragment<Use, M, N, K, T, Layout>::cols;
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c)
-      f.x[r * C + c] = std::is_same<Layout, row_major>::value ? ptr[(size_t)r * ldm + c] : ptr[(size_t)c * ldm + r];
+  constexpr int C = fragment<Use, M, N, K, T, Layout>::cols;
+  for (int i = 0; i < f.num_elements; ++i) {
+    const int e = f.index(i), r = e / C, c = e % C;
+    f.x[i] = std::is_same<Layout, row_major>::value ? ptr[(size_t)r * ldm + c] : ptr[(size_t)c * ldm + r];
+  }
 }
 
 template <int M, int N, int K>
 void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* ptr, unsigned ldm, layout_t layout) {
   ac_cpu::log_collective(18);
+  detail::check_uniform("load_matrix_sync", ptr, (uint64_t)ldm << 1 | (uint64_t)layout);
   detail::check_pointer(ptr, ldm, "load_matrix_sync");
   for (int i = 0; i < f.num_elements; ++i) {
     const int e = f.index(i), r = e / N, c = e % N;
@@ -692,6 +767,7 @@ void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* ptr
 template <int M, int N, int K>
 void store_matrix_sync(float* ptr, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t layout) {
   ac_cpu::log_collective(19);
+  detail::check_uniform("store_matrix_sync", ptr, (uint64_t)ldm << 1 | (uint64_t)layout);
   detail::check_pointer(ptr, ldm, "store_matrix_sync");
   for (int i = 0; i < f.num_elements; ++i) {
     const int e = f.index(i), r = e / N, c = e % N;
@@ -699,15 +775,36 @@ void store_matrix_sync(float* ptr, const fragment<accumulator, M, N, K, float>& 
   }
 }
 
-// d = a b + c (d may be c). Each lane computes the accumulator elements it holds.
+// d = a b + c (d may be c). The warp's lanes publish their a and b fragments, every lane gathers both whole
+// tiles from them (an exchange that orders no memory access, like the tensor core's), then computes the
+// accumulator elements it holds.
 template <int M, int N, int K, typename T, typename LA, typename LB>
 void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, T, LA>& a,
               const fragment<matrix_b, M, N, K, T, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
+  using FA = fragment<matrix_a, M, N, K, T, LA>;
+  using FB = fragment<matrix_b, M, N, K, T, LB>;
   ac_cpu::log_collective(20);
+  ac_cpu::Warp& w = ac_cpu::tls_block->warp(ac_cpu::warp_id());
+  if (w.size != 32) ac_cpu::fail("mma_sync: a WMMA operation needs a full warp of 32 lanes");
+  float A[M * K], B[K * N];
+  {
+    [[maybe_unused]] ac_cpu::UnorderedExchange unordered;
+    const int lane = ac_cpu::lane_id();
+    w.slots[lane] = reinterpret_cast<uintptr_t>(&a);
+    w.slots2[lane] = reinterpret_cast<uintptr_t>(&b);
+    ac_cpu::warp_sync("mma_sync");  // every lane has published its fragments
+    for (int l = 0; l < 32; ++l) {
+      const FA* fa = reinterpret_cast<const FA*>(w.slots[l]);
+      const FB* fb = reinterpret_cast<const FB*>(w.slots2[l]);
+      for (int i = 0; i < FA::num_elements; ++i) A[element_of(FA::use, l, i)] = detail::to_f(fa->x[i]);
+      for (int i = 0; i < FB::num_elements; ++i) B[element_of(FB::use, l, i)] = detail::to_f(fb->x[i]);
+    }
+    ac_cpu::warp_sync("mma_sync");  // every lane has read them: they may change again
+  }
   for (int i = 0; i < d.num_elements; ++i) {
     const int e = d.index(i), r = e / N, col = e % N;
     float sum = 0.f;
-    for (int kk = 0; kk < K; ++kk) sum += detail::to_f(a.x[r * K + kk]) * detail::to_f(b.x[kk * N + col]);
+    for (int kk = 0; kk < K; ++kk) sum += A[r * K + kk] * B[kk * N + col];
     d.x[i] = c.x[i] + sum;
   }
 }

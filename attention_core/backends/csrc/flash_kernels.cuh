@@ -68,9 +68,14 @@ template <int D> constexpr int level2_warps() { return D >= 128 ? 2 : 4; }
 // ------------------------------------------------------------------------------------------------ level 1
 
 // Grid (cdiv(L, BLOCK_M), B * Hq), BLOCK_M threads. Thread t owns query row blockIdx.x * BLOCK_M + t: its
-// (pre-scaled) query and its output accumulator live in registers (D floats each). The block walks over the
-// keys BLOCK_N at a time: all threads copy one K tile and one V tile into shared memory (as fp32), then each
-// thread folds the tile's keys into its row with the online softmax:
+// (pre-scaled) query and its output accumulator are two arrays of D floats, indexed only by constants (the loops
+// over d are unrolled), so the compiler can keep them in registers. Up to D = 64 it does (168 registers at -O3,
+// no spill: benchmarks/results/cuda_resources.md). At D = 128 they cannot all fit: 2 x 128 floats is more than
+// the 255 registers a thread may have, so nvcc spills about 150-185 bytes per thread to local memory on sm_75,
+// sm_80 and sm_90, in every dtype, and the key loop reloads them from there (the L1 cache, at best). This
+// kernel is the recurrence at its most literal, one row per thread; level 2 is the one built for speed.
+// The block walks over the keys BLOCK_N at a time: all threads copy one K tile and one V tile into shared
+// memory (as fp32), then each thread folds the tile's keys into its row with the online softmax:
 //     m' = max(m, s);  l' = l * 2^(m - m') + 2^(s - m');  acc' = acc * 2^(m - m') + 2^(s - m') * v
 // Every thread of a warp reads the same shared-memory word at the same time (a broadcast: no bank conflict).
 template <typename T, int D, int BLOCK_M, int BLOCK_N>
@@ -147,7 +152,9 @@ flash_fwd_rowwise(const T* __restrict__ q, const T* __restrict__ k, const T* __r
 // each row starts 4 banks after the previous one, so WMMA's 8-row loads hit 32 different banks; with rows of
 // D = 64 halves, 128 bytes, every row started in bank 0); S (fp32) and P (T) strips per warp; the 16 x 16 fp32
 // broadcast/staging tile per warp. Bank use of each access is worked out where it happens.
-// WARPS = 4 for D <= 64, 2 for D = 128.
+// WARPS = 4 for D <= 64, 2 for D = 128. Registers at -O3 (benchmarks/results/cuda_resources.md): 96-216 in
+// fp16 on sm_75/sm_80 without spilling; bf16 at D = 128 on sm_80 reaches the 255 limit and spills 8 bytes per
+// thread, fp16 at D = 32 and 64 on sm_90 spills 4 (a handful of local-memory accesses per key tile).
 template <typename T, int D, int WARPS>
 __device__ __forceinline__ void flash_fwd_wmma_body(const T* __restrict__ q, const T* __restrict__ k,
                                                     const T* __restrict__ v, T* __restrict__ o, const Problem& p) {
