@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WORKED_TITLE = "#@title Worked solution (double-click to show)"
 MARKERS = ("NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION")
 MARKER_TAGS = ("nbval-ignore-output", "nbval-skip", "raises-exception")
 MARKER_BUDGET = 0.10
@@ -161,10 +162,20 @@ def test_a_code_exercise_whose_checker_is_proven(chapter) -> None:
         "a code checker is fed answers in the page (its proof lives in tests/test_code_exercises.py)"
 
 
+def _is_folded_worked_solution(c) -> bool:
+    """A worked-solution cell folded on the site, in Jupyter (source_hidden) and in Colab (a form), silent."""
+    return (c.source.startswith(WORKED_TITLE) and bool(_tags(c) & {"hide-input", "hide-cell"})
+            and bool(c.metadata.get("jupyter", {}).get("source_hidden"))
+            and c.metadata.get("cellView") == "form" and not c.outputs)
+
+
 def test_proofs_are_hidden_and_answers_never_written_out(chapter) -> None:
     for c in _code_cells(chapter):
-        if re.search(r"exercises\.prove_(checker|value_check)\(|\.evaluate\(|\.accepts\(", c.source):
-            assert "remove-cell" in _tags(c), f"a cell feeding an exercise its answer is not removed: {c.source[:60]!r}"
+        assert not re.search(r"exercises\.prove_(checker|value_check)\(", c.source), \
+            "a checker is fed wrong answers in the page (that proof lives in tests/test_numeric_exercises.py)"
+        if re.search(r"\.evaluate\(|\.accepts\(", c.source):
+            assert "remove-cell" in _tags(c) or _is_folded_worked_solution(c), \
+                f"a cell feeding an exercise its answer is not removed nor a folded worked solution: {c.source[:60]!r}"
         for m in re.finditer(r"check_value\(\s*(\"[^\"]*\"|'[^']*')\s*,\s*([^,)\s]+)", c.source):
             assert m.group(2).startswith(("\"ac1:", "'ac1:")), f"a check_value answer written out: {m.group(0)!r}"
         assert not re.search(r"answer_box_html\([^)]*,\s*[-0-9]", c.source), "an answer box with a plain number"
@@ -186,7 +197,9 @@ def test_no_output_carries_a_verdict_on_an_answer(path) -> None:
 
 def test_worked_solutions_are_folded_and_silent(chapter) -> None:
     for c in _code_cells(chapter):
-        if c.source.lstrip().startswith("# Worked solution"):
+        assert not c.source.lstrip().startswith("# Worked solution"), "a worked solution without its Colab form title"
+        if c.source.startswith(WORKED_TITLE):
             assert _tags(c) & {"hide-input", "hide-cell"}, "a worked solution is not folded on the site"
             assert c.metadata.get("jupyter", {}).get("source_hidden"), "a worked solution is not folded in Jupyter"
+            assert c.metadata.get("cellView") == "form", "a worked solution is not folded in Colab (cellView form)"
             assert not c.outputs, "a worked solution prints something (it could show the answer)"

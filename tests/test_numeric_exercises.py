@@ -1,0 +1,117 @@
+"""Every numeric exercise of the chapters accepts its answer and rejects the mistakes a reader plausibly makes.
+
+The chapters carry only the check (``exercises.check_value(label, "ac1:...", rtol=..., atol=...)``) and a folded
+worked solution that asserts, silently, that the check accepts it. The wrong answers live here: each notebook is
+parsed, each ``check_value`` call read with ``ast`` (label, encoded answer, tolerances), the checker rebuilt, and
+fed the decoded answer (accepted) and every mistake listed below (rejected). Mistakes that depend on a chapter's
+state (a trained model, a fitted bandwidth) are written as the numbers the chapter computes.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attention_core.booktools import exercises
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((ROOT / "book").glob("[01][0-9]_*.ipynb"))
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def _softmax0(scores: list[float]) -> float:
+    return math.exp(scores[0]) / sum(math.exp(s) for s in scores)
+
+
+# (chapter number, label) -> plausible wrong answers; the first of each is the one the chapter's proof used.
+MISTAKES: dict[tuple[str, str], list[float]] = {
+    ("01", "f(0.9) ="): [(1 + 3 + 2) / 3, 3.0, (3 + 2 + 5) / 3, 2.0],  # key 0 in; mean of all; h = 0.6; nearest
+    ("01", "f(0.9) =#2"): [2.5, 2.0, 3.0, 1.0],  # boxcar's answer; nearest key; mean of all; weights 1-u (not 1-u^2)
+    ("01", "scale s ="): [1 / 0.5, 0.5**2, 2 / 0.5**2, 1 / (2 * 0.5**2)],  # 1/h; h^2; 2/h^2; 1/(2h^2)
+    ("01", "learned h ="): [0.210, 2.0, 0.49 * 5**0.5],  # the Gaussian's h; the start, untrained; sd scaled wrong way
+    # sigma^4 forgotten; sigma^2; no sqrt
+    ("02", "scale s ="): [1 / math.sqrt(16), 1 / math.sqrt(16 * 2**2), 1 / (16 * 2**2 * 2**2)],
+    ("02", "weight of key 0 ="): [_softmax0([2, 1, 0, 5, 3]), _softmax0([2, 1, 0, 5]), 1 / 3, _softmax0([2, 1])],
+    # no w_v; bias; W_k n' x n
+    ("02", "parameters ="): [1000 * 1000 + 1000 * 2000, 3_002_000, 1000 * 1000 + 1000 * 1000 + 1000],
+    ("02", "non-zero weights ="): [9, 25, 50, 30, 10],  # query rows masked too; no mask; both sequences; 2 keys per row
+    # no v_a; v_a of size d_q; W d_q x d_k; v_a twice
+    ("03", "parameters ="): [32 * 16 + 48 * 16, 32 * 16 + 48 * 16 + 32, 32 * 48 + 16, 1312],
+    # unmasked; 0 instead of -inf
+    ("03", "alpha_1 ="): [_softmax0([2, 0, 5]), 0.5, 1 - _softmax0([2, 0]), _softmax0([2, 0, 0])],
+    # exact match; the complement; everything; over all sentences
+    ("03", "fraction ="): [2 / 84, 23 / 84, 1.0, 61 / 2000],
+    ("04", "parameters ="): [24 * 80, 24 * 80 + 24 + 1, 24 * 48 + 24, 24 * 32 + 24],  # no v_a; a bias on v_a; one input
+    ("04", "factor ="): [math.exp(-2), math.exp(-1), 1.0, math.exp(-1 / 8)],  # sigma = D/4; sigma = D; no factor; d=1
+    ("04", "D ="): [(27 - 1) - 11 - 1, 16, 11, 27],  # off by one either side; the step; the length
+    ("05", "weight of baseball on itself"): [_sigmoid(2 / 3**0.5), 0.5, 1 - _sigmoid(2), _sigmoid(4)],
+    ("05", "pairs that take part, L = 6"): [36, 15, 6, 30],  # no mask; diagonal out; diagonal only; upper + diagonal
+    ("06", "parameters of MultiHeadAttention(512, 8, num_kv_heads=2)"):
+        [4 * (512 * 512 + 512), 2 * 512 * 512 + 2 * 512 * 128, 2 * (512 * 512 + 512) + 2 * (512 * 64 + 64),
+         2 * (512 * 512 + 512) + 2 * (512 * 256 + 256)],  # MHA; biases forgotten; one kv head; H_kv E = 256
+    ("06", "KiB per token, 4 kv heads"): [40.0, 320.0, 80.0, 160 * 8 / 4],  # one kv head; float32; K or V only; 8 heads
+    ("07", "PE[10, 3]"): [math.sin(10 * 10000 ** (-2 / 32)), math.cos(10 * 10000 ** (-3 / 32)), math.cos(10),
+                          math.cos(10 * 10000 ** (-1 / 32))],  # sine; i = 3/2; i = 0; exponent 2i/d halved
+    ("07", "wavelength (positions)"): [2 * math.pi * 10000, 10000 ** (510 / 512), math.pi * 10000 ** (510 / 512),
+                                       2 * math.pi * 10000 ** (508 / 512)],  # 10000; no 2 pi; pi; i - 1
+    # no norms; one attention; FFN only
+    ("08", "parameters of one decoder layer"): [12_704, 16_992 - 192, 16_992 - 4 * (32**2 + 32),
+                                                 2 * 32 * 128 + 128 + 32],
+    ("08", "positions processed without a cache"): [10, 45, 100, 11],  # one per step; range(10); L^2; L + 1
+    ("09", "KV cache (GiB) ="): [6.25, 2.5, 0.625, 1.25 * 2**30 / 1e9],  # query heads; float32; K only; GB, not GiB
+    ("09", "tiles ="): [16 * 15 // 2, 256, 16, 16 * 17],  # diagonal forgotten; all tiles; diagonal only; double count
+    # different maxima; sign; l2 lost; factor 3 lost
+    ("09", "l ="): [3 + 1, 3 * math.exp(3) + 1, 3 * math.exp(-3), 1 + math.exp(-3)],
+    # the rest; BERT-base width; +positions; all
+    ("10", "parameters of the word embeddings"): [22_713_216 - 11_720_448, 30522 * 768,
+                                                   11_720_448 + 512 * 384, 22_713_216],
+    # uniform; bits; sign; a term lost
+    ("10", "entropy (nats)"): [math.log(3), 1.5, -1.0397207708399179, 0.5 * math.log(2) + 0.25 * math.log(4)],
+    # d_r lost; K or V only; d_r = E; multiplied
+    ("11", "MHA cache / MLA cache, 32 heads"): [2 * 32 / 4, 32 / 4.5, 2 * 32 / 5, 2 * 32 * 4.5],
+}
+
+
+def _numeric_exercises() -> list[tuple[str, str, str, dict]]:
+    """(chapter number, key into MISTAKES, encoded answer, tolerances) of every check_value call in the chapters."""
+    found = []
+    for path in CHAPTERS:
+        seen: dict[str, int] = {}
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "code" or "check_value(" not in cell.source:
+                continue
+            for node in ast.walk(ast.parse(cell.source)):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "check_value":
+                    label, encoded = (ast.literal_eval(a) for a in node.args[:2])
+                    tol = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg in ("rtol", "atol")}
+                    seen[label] = seen.get(label, 0) + 1
+                    key = label if seen[label] == 1 else f"{label}#{seen[label]}"
+                    found.append((path.name[:2], key, encoded, tol))
+    return found
+
+
+EXERCISES = _numeric_exercises()
+
+
+def test_every_exercise_has_its_mistakes() -> None:
+    keys = {(ch, key) for ch, key, _, _ in EXERCISES}
+    assert len(EXERCISES) >= 28, f"only {len(EXERCISES)} numeric exercises found"
+    assert keys == set(MISTAKES), f"exercises without mistakes: {keys - set(MISTAKES)}; stale: {set(MISTAKES) - keys}"
+
+
+@pytest.mark.parametrize(("chapter", "key", "encoded", "tol"), EXERCISES, ids=[f"{c}-{k}" for c, k, _, _ in EXERCISES])
+def test_numeric_exercise_accepts_its_answer_and_rejects_mistakes(chapter, key, encoded, tol) -> None:
+    ex = exercises.ValueCheck(key.split("#")[0], encoded, **tol)
+    answer = exercises.decode_answer(encoded)
+    assert ex.accepts(answer) and ex.accepts(repr(answer)), f"ch. {chapter} {key!r}: its own answer is rejected"
+    wrong = MISTAKES[(chapter, key)]
+    assert len(wrong) >= 2
+    for value in wrong:
+        assert not ex.accepts(value), f"ch. {chapter} {key!r}: the mistake {value!r} is accepted (answer {answer!r})"
