@@ -405,7 +405,7 @@ def build_language_model(config: Dict[str, Any]) -> DecoderLM:
     """A :class:`DecoderLM` from a config dict (its keys are the constructor's arguments, plus ``seed`` for the
     initialisation); the model keeps the dict as ``model.config`` so that checkpoints can rebuild it.
 
-    With a ``seed``, the weights are drawn from a generator seeded with it inside :func:`torch.random.fork_rng`:
+    With a ``seed``, the weights are drawn from a generator seeded with it inside ``torch.random.fork_rng``:
     torch's global generator is left exactly as it was (loading a checkpoint does not reseed the caller's
     random numbers). Without one, the initialisation draws from the global generator, as ``nn.Linear`` does."""
     if not isinstance(config, dict):

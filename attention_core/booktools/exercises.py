@@ -44,6 +44,7 @@ __all__ = [
     "Quiz",
     "ValueCheck",
     "check",
+    "check_exercise",
     "check_function",
     "check_value",
     "decode_answer",
@@ -349,7 +350,7 @@ from attention_core.booktools.code_checks import prove_checker as prove_checker 
 
 def check_exercise(fn: Callable[..., Any], exercise: str) -> CheckReport:
     """Check the reader's ``fn`` for a chapter's code exercise, e.g. ``check_exercise(rope, "ch07.rope")``
-    (the exercises are listed in :data:`attention_core.booktools.chapter_exercises.EXERCISES`)."""
+    (the exercises are listed in ``attention_core.booktools.chapter_exercises.EXERCISES``)."""
     from attention_core.booktools.chapter_exercises import spec
 
     return check_function(fn, spec(exercise))
