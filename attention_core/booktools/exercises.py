@@ -134,7 +134,7 @@ def encode_answer(value: float) -> str:
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"value must be a finite number, got {value!r}")
-    return "ac1:" + base64.b64encode(repr(value).encode()).decode()[::-1]
+    return "ac1:" + _hide(repr(value))
 
 
 def decode_answer(encoded: str) -> float:
@@ -143,11 +143,10 @@ def decode_answer(encoded: str) -> float:
     Raises:
         ValueError: ``encoded`` is not such a string.
     """
-    if not isinstance(encoded, str) or not encoded.startswith("ac1:"):
-        raise ValueError(f"encoded must be a string made by encode_answer ('ac1:...'), got {encoded!r}")
+    text = _unwrap(encoded, "ac1:", "encode_answer")
     try:
-        return float(base64.b64decode(encoded[4:][::-1]).decode())
-    except (ValueError, binascii.Error) as err:
+        return float(text)
+    except ValueError as err:
         raise ValueError(f"encoded is damaged: {encoded!r}") from err
 
 
@@ -155,8 +154,14 @@ def _hide(text: str) -> str:
     return base64.b64encode(text.encode()).decode()[::-1]
 
 
-def _unhide(text: str) -> str:
-    return base64.b64decode(text[::-1]).decode()
+def _unwrap(encoded: str, prefix: str, maker: str) -> str:
+    """The text behind ``prefix`` in a string that ``maker`` wrote with :func:`_hide` (one check for all three)."""
+    if not isinstance(encoded, str) or not encoded.startswith(prefix):
+        raise ValueError(f"encoded must be a string made by {maker} ('{prefix}...'), got {encoded!r}")
+    try:
+        return base64.b64decode(encoded[len(prefix):][::-1]).decode()
+    except (ValueError, binascii.Error, UnicodeDecodeError) as err:
+        raise ValueError(f"encoded is damaged: {encoded!r}") from err
 
 
 def encode_quiz(answer_index: int, explanation: str = "") -> str:
@@ -178,12 +183,10 @@ def decode_quiz(encoded: str) -> tuple[int, str]:
     Raises:
         ValueError: ``encoded`` is not such a string.
     """
-    if not isinstance(encoded, str) or not encoded.startswith("acq1:"):
-        raise ValueError(f"encoded must be a string made by encode_quiz ('acq1:...'), got {encoded!r}")
+    index, _, explanation = _unwrap(encoded, "acq1:", "encode_quiz").partition("|")
     try:
-        index, _, explanation = _unhide(encoded[5:]).partition("|")
         return int(index), explanation
-    except (ValueError, binascii.Error, UnicodeDecodeError) as err:
+    except ValueError as err:
         raise ValueError(f"encoded is damaged: {encoded!r}") from err
 
 
@@ -201,12 +204,7 @@ def decode_text(encoded: str) -> str:
     Raises:
         ValueError: ``encoded`` is not such a string.
     """
-    if not isinstance(encoded, str) or not encoded.startswith("act1:"):
-        raise ValueError(f"encoded must be a string made by encode_text ('act1:...'), got {encoded!r}")
-    try:
-        return _unhide(encoded[5:])
-    except (ValueError, binascii.Error, UnicodeDecodeError) as err:
-        raise ValueError(f"encoded is damaged: {encoded!r}") from err
+    return _unwrap(encoded, "act1:", "encode_text")
 
 
 class ValueCheck(StaticTwin, widgets.VBox):
