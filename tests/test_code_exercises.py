@@ -26,6 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 import attention_core as ac  # noqa: E402
 from attention_core import language_model as lm  # noqa: E402
 from attention_core import pretrained  # noqa: E402
+from attention_core.backends.reference import softmax_with_mask  # noqa: E402
 from attention_core.booktools import chapter_exercises as ce  # noqa: E402
 from attention_core.booktools import code_checks, exercises  # noqa: E402
 from attention_core.functional import masked_softmax as lib_masked_softmax  # noqa: E402
@@ -62,8 +63,17 @@ CH02 = [
      .nan_to_num(0.0)),
     ("softmax over the queries", lambda s, m: torch.softmax(s.masked_fill(~m, NEG_INF), 0).nan_to_num(0.0)),
     ("nan_to_num after -1e9", lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1).nan_to_num(0.0)),
+    # a student's tries that the first checker accepted: the row maximum taken over masked scores too (a masked
+    # score of 200 underflows every kept one), and a log-mask with a tiny epsilon (the masked key keeps weight)
+    ("max over masked scores too", lambda s, m: (lambda e: torch.where(
+        e.sum(-1, keepdim=True) > 0, e / e.sum(-1, keepdim=True).clamp_min(1e-30), torch.zeros_like(e)))(
+        torch.exp(s - s.amax(-1, keepdim=True)) * m)),
+    ("log-mask with an epsilon", lambda s, m: torch.softmax(s + torch.log(m.float() + 1e-45), -1)
+     * m.any(-1, keepdim=True)),
 ]
-CH02_LIBRARY = [lambda s, m: ac.masked_softmax(s, m), lambda s, m: lib_masked_softmax(s, m)]
+CH02_LIBRARY = [lambda s, m: ac.masked_softmax(s, m), lambda s, m: lib_masked_softmax(s, m),
+                lambda s, m, _f=ac.masked_softmax: _f(s, m),  # captured as a default argument
+                lambda s, m: softmax_with_mask(s, m)]  # the backend's own helper
 
 CH03 = [
     ("mask inverted", lambda s, h, m, W, U, v: torch.softmax(
@@ -179,11 +189,23 @@ def _as_list(x):
     return x if isinstance(x, list) else [x]
 
 
+def _ch07_closure():
+    f = apply_rotary
+
+    def rope(x, positions):  # the library function captured in a closure
+        return f(x, positions)
+    return rope
+
+
+_ch07_captured = _ch07_closure()
+
+
 #: exercise -> [(name, mutant, what the report must say)]; the checker's known mistakes come with their hint.
 EXTRA = {"ch01.boxcar_nw": (CH01, CH01_LIBRARY), "ch02.masked_softmax": (CH02, CH02_LIBRARY),
          "ch03.bahdanau_weights": (CH03, _ch03_library), "ch04.local_p_weights": (CH04, CH04_LIBRARY),
          "ch05.causal_attention": (CH05, CH05_LIBRARY), "ch06.causal_multi_head": (CH06, _ch06_library),
-         "ch07.rope": (CH07, lambda x, p: apply_rotary(x, p)), "ch08.causal_attention": (CH08, CH08_LIBRARY),
+         "ch07.rope": (CH07, [lambda x, p: apply_rotary(x, p), _ch07_captured]),
+         "ch08.causal_attention": (CH08, CH08_LIBRARY),
          "ch09.merge_partials": (CH09, []), "ch10.mean_pool": (CH10, CH10_LIBRARY),
          "ch11.decode_mask": (CH11, CH11_LIBRARY)}
 MUTANTS: dict = {}

@@ -159,10 +159,12 @@ def _ch02() -> FunctionSpec:
         examples=(
             (T([[0.0, 0.0, 5.0], [1.0, 2.0, 3.0]]), T([[True, True, False], [False, False, False]])),  # statement
             (T([[100.0, 99.0, -100.0]]), T([[True, True, True]])),  # exp(100) overflows float32
+            (T([[-200.0, -199.0, 200.0]]), T([[True, True, False]])),  # the largest score is a masked one
             (T([[2.0]]), T([[False]])),  # length 1, masked
             (T([[2.0]]), T([[True]])),  # length 1, kept
         ),
-        unavailable=("attention_core.masked_softmax", "attention_core.functional.masked_softmax"),
+        unavailable=("attention_core.masked_softmax", "attention_core.functional.masked_softmax",
+                     "attention_core.backends.reference.softmax_with_mask"),
         unavailable_globals=("guarded_softmax",),
         task="to write the masked softmax yourself",
         mistakes=(

@@ -272,10 +272,12 @@ def _blocked(name: str, spec: FunctionSpec) -> Callable[..., Any]:
 
 
 @contextlib.contextmanager
-def unavailable(spec: FunctionSpec, namespace: dict | None = None) -> Iterator[None]:
+def unavailable(spec: FunctionSpec, namespace: dict | None = None, fn: Callable[..., Any] | None = None
+                ) -> Iterator[None]:
     """Within the block, the library names of ``spec.unavailable`` (module attributes, and every name of
     ``namespace`` bound to one of them), ``spec.unavailable_globals`` of ``namespace`` and the reference
-    itself raise :class:`NotForThisExercise` when called; everything is restored on exit, whatever happens.
+    itself raise :class:`NotForThisExercise` when called; so do those that ``fn`` captured when it was defined
+    (default arguments, closure cells). Everything is restored on exit, whatever happens.
     """
     saved: list[tuple[Any, str, Any]] = []
     originals: dict[int, str] = {id(spec.reference): spec.name}
@@ -290,6 +292,8 @@ def unavailable(spec: FunctionSpec, namespace: dict | None = None) -> Iterator[N
                 if key in spec.unavailable_globals or (id(value) in originals and callable(value)):
                     saved.append((namespace, key, value))
                     namespace[key] = _blocked(originals.get(id(value), key), spec)
+        if fn is not None:
+            _block_captured(fn, originals, spec, saved)
         yield
     finally:
         for owner, attr, obj in reversed(saved):
@@ -297,6 +301,29 @@ def unavailable(spec: FunctionSpec, namespace: dict | None = None) -> Iterator[N
                 owner[attr] = obj
             else:
                 setattr(owner, attr, obj)
+
+
+def _block_captured(fn: Callable[..., Any], originals: dict[int, str], spec: FunctionSpec,
+                    saved: list[tuple[Any, str, Any]]) -> None:
+    """Block what ``fn`` captured at definition time (``def f(x, _f=library_fn)``, a closure over it), which
+    patching module attributes cannot reach; the originals go to ``saved`` for the restore."""
+    def swap(value: Any) -> Any:
+        return _blocked(originals[id(value)], spec) if id(value) in originals and callable(value) else value
+
+    if getattr(fn, "__defaults__", None):
+        saved.append((fn, "__defaults__", fn.__defaults__))
+        fn.__defaults__ = tuple(swap(v) for v in fn.__defaults__)
+    if getattr(fn, "__kwdefaults__", None):
+        saved.append((fn, "__kwdefaults__", fn.__kwdefaults__))
+        fn.__kwdefaults__ = {k: swap(v) for k, v in fn.__kwdefaults__.items()}
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if id(value) in originals and callable(value):
+            saved.append((cell, "cell_contents", value))
+            cell.cell_contents = swap(value)
 
 
 # ------------------------------------------------------------------------------------------------ check
@@ -328,7 +355,7 @@ def check_function(fn: Callable[..., Any], spec: FunctionSpec) -> CheckReport:
         seen["tried"] += 1
         expected = spec.reference(*_clone(args))
         try:
-            with unavailable(spec, namespace):
+            with unavailable(spec, namespace, fn):
                 got = spec.collected(fn, args)
         except NotImplementedError:
             seen["todo"] = True
