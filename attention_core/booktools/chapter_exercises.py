@@ -302,7 +302,8 @@ def _ch04() -> FunctionSpec:
             (T([[[0.5]]]), T([[0.0]]), 1),  # one source word
         ),
         unavailable=("attention_core.rnn_attention.local_attention_weights",
-                     "attention_core.rnn_attention.LuongAttention"),
+                     "attention_core.rnn_attention.LuongAttention", "attention_core.rnn_attention.gaussian_window",
+                     "attention_core.rnn_attention.masked_softmax"),
         task="to write the window, the softmax and the Gaussian yourself",
         mistakes=(
             Mistake("the Gaussian's sigma is D/2, not D.", lambda s, c, D: _local(s, c, D, sigma=D)),
@@ -355,7 +356,8 @@ _CAUSAL_MISTAKES = (
 _CAUSAL_UNAVAILABLE = ("attention_core.scaled_dot_product_attention", "attention_core.attention_weights",
                        "attention_core.functional.scaled_dot_product_attention",
                        "attention_core.functional.attention_weights",
-                       "torch.nn.functional.scaled_dot_product_attention")
+                       "torch.nn.functional.scaled_dot_product_attention",
+                       "torch._C._nn.scaled_dot_product_attention", "torch.ops.aten.scaled_dot_product_attention")
 
 
 def _large(*shape: int) -> torch.Tensor:
@@ -679,7 +681,8 @@ def _ch11() -> FunctionSpec:
         "decode_mask", _decode_reference, sizes, max_examples=50, arg_names=("L", "S", "window"),
         examples=((2, 4, None), (2, 4, 2), (1, 1, None), (3, 6, 1), (2, 3, 8), (4, 4, 3)),
         dtype=("a bool tensor", lambda L, S, window: torch.bool),
-        unavailable=("attention_core.language_model.cached_causal_mask",),
+        unavailable=("attention_core.language_model.cached_causal_mask", "attention_core.masks.causal_mask",
+                     "attention_core.masks.sliding_window_mask"),
         task="to build the decode-step mask yourself",
         mistakes=(
             Mistake("the L queries are the last L of the S key slots: query i sits at slot S - L + i.",

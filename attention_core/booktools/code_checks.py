@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import html
 import importlib
+import sys
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -294,13 +295,40 @@ def unavailable(spec: FunctionSpec, namespace: dict | None = None, fn: Callable[
                     namespace[key] = _blocked(originals.get(id(value), key), spec)
         if fn is not None:
             _block_captured(fn, originals, spec, saved)
-        yield
+        previous = sys.getprofile()
+        sys.setprofile(_refuse_banned_code(_banned_code(saved), spec))
+        try:
+            yield
+        finally:
+            sys.setprofile(previous)
     finally:
         for owner, attr, obj in reversed(saved):
             if isinstance(owner, dict):
                 owner[attr] = obj
             else:
                 setattr(owner, attr, obj)
+
+
+def _banned_code(saved: list[tuple[Any, str, Any]]) -> dict[Any, str]:
+    """The code objects of every blocked Python function (and of the methods of a blocked class), so that a
+    route the name patching cannot see (a dict holding the function, a copy made with ``types.FunctionType``)
+    is refused as well."""
+    codes: dict[Any, str] = {}
+    for _, name, obj in saved:
+        members = vars(obj).values() if isinstance(obj, type) else (obj,)
+        for member in members:
+            code = getattr(getattr(member, "__func__", member), "__code__", None)
+            if code is not None:
+                codes.setdefault(code, name)  # the first entry carries the library name
+    return codes
+
+
+def _refuse_banned_code(codes: dict[Any, str], spec: FunctionSpec) -> Callable[..., Any]:
+    def hook(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            _blocked(codes[frame.f_code], spec)()
+
+    return hook
 
 
 def _block_captured(fn: Callable[..., Any], originals: dict[int, str], spec: FunctionSpec,
