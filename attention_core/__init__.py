@@ -4,7 +4,7 @@ One API for the whole lineage of attention, from Nadaraya-Watson kernel regressi
 The public names below are the contract; everything else is an implementation detail.
 """
 
-from attention_core import scoring
+from attention_core import _moved, scoring
 from attention_core.backends import available_backends, get_backend, use_backend
 from attention_core.functional import attention_weights, masked_softmax, scaled_dot_product_attention, weights_entropy
 from attention_core.kernel_regression import KERNELS, nadaraya_watson, nadaraya_watson_weights
@@ -19,6 +19,8 @@ from attention_core.masks import (
 from attention_core.multihead import MultiHeadAttention, kv_cache_bytes
 
 __version__ = "0.1.0"
+
+_moved.install()  # old import paths of the modules that moved to models/, training/, pretrained/, regression/
 
 __all__ = [
     "KERNELS",

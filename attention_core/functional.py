@@ -30,6 +30,7 @@ from attention_core._checks import (
     check_dropout,
     check_fits,
     check_floating,
+    check_int,
     check_mask_broadcasts,
     check_min_rank,
     check_same_device,
@@ -42,8 +43,10 @@ from attention_core._checks import (
 from attention_core._nonfinite import Poison, all_finite, check_on_host, clean_and_poison, empty_result
 from attention_core.backends import AttentionInputs, resolve_backend
 from attention_core.backends import reference as _reference
+from attention_core.backends.inputs import scale_or_default
 
 __all__ = [
+    "attention",
     "attention_weights",
     "attention_with_weights",
     "masked_softmax",
@@ -66,20 +69,10 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:
     """``softmax(query @ key^T * scale + mask) @ value``, computed by a chosen backend.
 
-    Non-finite values, the same in every backend: a NaN or +-inf in ``query`` row ``i`` makes output row ``i`` NaN
-    (all of its Ev features); one in ``key`` or ``value`` row ``j`` makes NaN every output row that reads key ``j``
-    (not removed by the mask or ``is_causal``, in that head); a NaN or +inf in a float ``attn_mask`` at ``(i, j)``
-    makes row ``i`` NaN, while ``-inf`` removes the pair as always. Every other row is computed as usual, and a row
-    that reads no key at all stays zeros, whatever its query holds. Why propagate rather than raise: NaN is the
-    formula's own answer for the rows that read a bad value, so a NaN produced upstream shows up where it matters,
-    in the loss or an ``isfinite`` check, instead of as a plausible zero (torch's fused CPU kernel returns zeros for
-    a NaN query row; the eager backends spread a NaN value into rows that mask its key out, since 0 * NaN = NaN);
-    raising would stop a whole batch for one bad row, and ``-inf`` is how a float mask removes a key, not an error.
-    Cost: one sum per input (a reduction that allocates nothing; NaN or inf anywhere makes it non-finite), O((L + S)
-    E) against O(L S E) for attention, and a device synchronisation on a GPU; only inputs that fail it take the
-    slower path (bad entries zeroed, one (L, S) reduction to find the rows, NaN put back). Gradients then see the
-    bad entries as zeros. Not covered: scores that overflow from finite inputs (``|q.k * scale|`` beyond the dtype's
-    range), where backends still differ.
+    Non-finite values, the same in every backend: a NaN or +-inf in ``query`` row ``i`` makes output row ``i`` NaN;
+    one in ``key`` or ``value`` row ``j`` makes NaN every output row that reads key ``j``; a NaN or +inf in a float
+    ``attn_mask`` at ``(i, j)`` makes row ``i`` NaN, ``-inf`` removes the pair; a row that reads no key is zeros.
+    Why this policy, and what it costs: the API page, section "Bad input, and NaN or inf in the input".
 
     Args:
         query: (..., Hq, L, E), floating, E >= 1; any size may be 0 otherwise (the answer is then empty, or
@@ -106,24 +99,63 @@ def scaled_dot_product_attention(
         TypeError, ValueError: a bad argument (the message names it, what was seen and what was expected),
             or a backend that cannot run here or cannot handle these inputs.
     """
+    out, _ = _attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, backend)
+    return out
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    need_weights: bool = False,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`scaled_dot_product_attention` returning ``(out, weights or None)``: the one path the modules take.
+
+    With ``need_weights=True`` the weights (..., Hq, L, S), before dropout, come back too; only the
+    ``reference`` backend holds them, so ``backend=None`` means ``"reference"`` then (whatever
+    :func:`~attention_core.use_backend` says), and any other name is a ``ValueError``.
+    """
+    if need_weights is True:
+        if isinstance(backend, str) and backend != "reference":
+            raise ValueError(f"need_weights=True runs the 'reference' backend, got backend={backend!r}")
+        backend = "reference" if backend is None else backend
+    return _attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights, backend)
+
+
+def _attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights,  # noqa: ANN001
+            backend) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Validate once, choose the backend, run it, put the non-finite policy's NaN back: (out, weights | None)."""
     check_tensor(value, "value")
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend must be a str or None, got {type(backend).__name__} {short_repr(backend)}")
-    out_shape = (*p.lead, p.query.shape[-2], p.value.shape[-1])
-    if math.prod(out_shape) == 0:  # nothing to compute (a 0-sized batch, head, L or Ev): no backend needed
-        return empty_result(out_shape, query, key, value)
+    check_bool_flag(need_weights, "need_weights")
+    L, S, Ev = p.query.shape[-2], p.key.shape[-2], p.value.shape[-1]
+    out_shape, weights_shape = (*p.lead, L, Ev), (*p.lead, L, S)
+    if math.prod(out_shape) == 0 and (not need_weights or math.prod(weights_shape) == 0):
+        # nothing to compute (a 0-sized batch, head, L, or Ev without weights): no backend needed
+        return (empty_result(out_shape, query, key, value),
+                empty_result(weights_shape, query, key) if need_weights else None)
     p, poison = _nonfinite(p, is_causal, query, key, value)
     inputs = AttentionInputs(
-        p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa
+        p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa, need_weights
     )
     chosen = resolve_backend(backend, inputs)
-    if chosen.name in _MATERIALISING:  # these build the (B, Hq, L, S) scores: refuse what cannot fit, up front
-        _check_scores_fit(p, _MATERIALISING[chosen.name], f"the {chosen.name!r} backend")
-    out = chosen.run(inputs)  # (B, Hq, L, Ev)
+    if chosen.score_bytes is not None:  # it builds the (B, Hq, L, S) scores: refuse what cannot fit, up front
+        _check_scores_fit(p, chosen.score_bytes(p.query.dtype), f"the {chosen.name!r} backend")
+    out, weights = chosen.run(inputs)  # (B, Hq, L, Ev), (B, Hq, L, S) or None
     if poison is not None:
         out = out + poison.out  # (B, Hq, L, Ev) + (B, Hq, L, 1): NaN in the poisoned rows, + 0 elsewhere
-    return out.reshape(out_shape)  # (B, Hq, L, Ev) -> (..., Hq, L, Ev)
+        weights = None if weights is None else weights + poison.weights
+    out = out.reshape(out_shape)  # (B, Hq, L, Ev) -> (..., Hq, L, Ev)
+    return out, None if weights is None else weights.reshape(weights_shape)  # (B, Hq, L, S) -> (..., Hq, L, S)
 
 
 def attention_with_weights(
@@ -143,19 +175,8 @@ def attention_with_weights(
         inputs follow the policy of :func:`scaled_dot_product_attention` (for the weights, a row is NaN when
         its query, a key it reads or its float mask entry is not finite).
     """
-    check_tensor(value, "value")
-    p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    L, S, Ev = p.query.shape[-2], p.key.shape[-2], p.value.shape[-1]
-    if math.prod(p.lead) * L == 0:
-        return empty_result((*p.lead, L, Ev), query, key, value), empty_result((*p.lead, L, S), query, key)
-    _check_scores_fit(p, None, "attention_with_weights")
-    p, poison = _nonfinite(p, is_causal, query, key, value)
-    out, weights = _reference.attention_with_weights(
-        p.query, p.key, p.value, p.attn_mask, p.dropout_p, is_causal, p.scale, enable_gqa
-    )
-    if poison is not None:
-        out, weights = out + poison.out, weights + poison.weights  # NaN in the poisoned rows
-    return out.reshape(*p.lead, L, Ev), weights.reshape(*p.lead, L, S)  # (B, Hq, ., .) -> (..., Hq, ., .)
+    return attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights=True,
+                     backend="reference")
 
 
 def attention_weights(
@@ -215,10 +236,7 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
     if scores.dim() == 0:
         raise ValueError("scores must have at least 1 dim (the one that sums to 1), got a 0-d tensor")
     n = scores.dim()
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be an int in [-{n}, {n}), got {type(dim).__name__} {short_repr(dim)}")
-    if not -n <= dim < n:
-        raise ValueError(f"dim must be an int in [-{n}, {n}), got {dim!r}")
+    check_int(dim, "dim", low=-n, high=n, high_open=True)
     if mask is not None:
         _check_mask_kind(mask, "mask")
         check_same_device(scores=scores, mask=mask)
@@ -234,11 +252,6 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
 
 
 # ------------------------------------------------------------------------------------------- validation
-
-#: Backends that hold the whole (B, Hq, L, S) score matrix, and the bytes per score they compute in (None: the
-#: compute dtype's); each holds about two such matrices at once (the scores and the weights).
-_MATERIALISING = {"reference": None, "numpy": 8}
-
 
 def _check_scores_fit(p: _Prepared, bytes_per: int | None, who: str) -> None:
     """Refuse, before allocating, a call whose (B, Hq, L, S) scores cannot fit in the device's memory."""
@@ -334,7 +347,7 @@ def _prepare(
         value=v,
         attn_mask=None if attn_mask is None else _mask_to_4d(attn_mask, lead, query.dtype),
         dropout_p=dropout_p,
-        scale=1.0 / math.sqrt(E) if scale is None else scale,
+        scale=scale_or_default(scale, E),
         lead=lead,
     )
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from attention_core._checks import (
     check_floating,
+    check_int,
     check_same_device,
     check_same_dtype,
     check_tensor,
@@ -392,14 +393,13 @@ def fit_bandwidth(
     Returns:
         A :class:`BandwidthFit` with the loss and the bandwidth at each step.
     """
-    from attention_core.progress import progress
+    from attention_core.training.progress import progress
 
     if not isinstance(model, NadarayaWatson):
         raise TypeError(f"model must be a NadarayaWatson, got {type(model).__name__}")
     if not isinstance(model.log_bandwidth, nn.Parameter):
         raise ValueError("model has a fixed bandwidth (learn_bandwidth=False): nothing to fit")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    check_int(steps, "steps", low=1)
     mask = leave_one_out_mask(x.shape[0], device=x.device)  # (n, n), True = attend
     opt = torch.optim.Adam([model.log_bandwidth], lr=lr)
     history = BandwidthFit()

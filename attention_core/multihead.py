@@ -23,7 +23,7 @@ from attention_core._checks import (
     check_tensor,
     fmt_shape,
 )
-from attention_core.functional import attention_with_weights, scaled_dot_product_attention
+from attention_core.functional import attention
 from attention_core.masks import causal_mask, combine_masks
 
 __all__ = ["MultiHeadAttention", "kv_cache_bytes"]
@@ -128,13 +128,7 @@ class MultiHeadAttention(nn.Module):
         k = self.k_proj(key).view(B, S, H, E).transpose(1, 2)  # (B, S, kdim) -> (B, H, S, E)
         v = self.v_proj(value).view(B, S, H, E).transpose(1, 2)  # (B, S, vdim) -> (B, H, S, E)
         args = (q, k, v, mask, self.dropout if self.training else 0.0, causal_fast)
-        weights = None
-        if need_weights:
-            if backend not in (None, "reference"):
-                raise ValueError(f"need_weights=True runs the 'reference' backend, got backend={backend!r}")
-            out, weights = attention_with_weights(*args, enable_gqa=H != Hq)
-        else:
-            out = scaled_dot_product_attention(*args, enable_gqa=H != Hq, backend=backend)
+        out, weights = attention(*args, enable_gqa=H != Hq, need_weights=need_weights, backend=backend)
         out = out.transpose(1, 2).reshape(B, L, self.embed_dim)  # (B, Hq, L, E) -> (B, L, Hq * E)
         return self.out_proj(out), weights
 

@@ -25,7 +25,6 @@ Both rotate pair ``i`` by ``pos * base^(-2i / E)`` and have the relative propert
 
 from __future__ import annotations
 
-import math
 from typing import Tuple, Union
 
 import torch
@@ -39,10 +38,9 @@ from attention_core._checks import (
     check_floating_dtype,
     check_positive_float,
     check_positive_int,
+    check_real,
     check_tensor,
     fmt_shape,
-    real_to_float,
-    short_repr,
 )
 
 __all__ = [
@@ -59,12 +57,7 @@ Device = Union[torch.device, str, None]
 
 
 def _check_base(base: object) -> float:
-    if isinstance(base, bool) or not isinstance(base, (int, float)):
-        raise TypeError(f"base must be a float > 1, got {type(base).__name__} {short_repr(base)}")
-    value = real_to_float(base)
-    if not (math.isfinite(value) and value > 1):
-        raise ValueError(f"base must be a finite float > 1, got {short_repr(base)}")
-    return value
+    return check_real(base, "base", low=1, low_open=True)
 
 
 def _check_even(dim: object, name: str) -> int:

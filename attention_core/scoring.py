@@ -21,8 +21,6 @@ input, or the module with ``.to(...)``), else a ``TypeError``/``ValueError`` say
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -40,6 +38,7 @@ from attention_core._checks import (
     fmt_shape,
     short_repr,
 )
+from attention_core.backends.inputs import scale_or_default
 
 __all__ = [
     "SCORES",
@@ -101,7 +100,7 @@ def scaled_dot_score(query: torch.Tensor, key: torch.Tensor, scale: float | None
             f"query and key must have at least one feature (D >= 1 in dim -1) for a scaled score: got query "
             f"{fmt_shape(query.shape)}, key {fmt_shape(key.shape)}"
         )
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scale = scale_or_default(scale, query.shape[-1])
     return query @ key.transpose(-2, -1) * scale  # (..., L, D) @ (..., D, S) -> (..., L, S)
 
 

@@ -4,7 +4,7 @@ a git URL of a clean clone (not editable), each notebook executed alone in an em
 Usage: python scripts/test_reader.py [--keep]      (``make test-reader``)
 
 Steps: (1) clone the repository's HEAD into .reader/src; (2) create .reader/venv (Python 3.11) and install
-tests/reader-requirements.txt, then ``attention-core[exercises,pretrained] @ git+file://.../.reader/src``;
+tests/reader-requirements.txt, then ``attention-core[book,pretrained] @ git+file://.../.reader/src``;
 (3) for each book/*.ipynb, copy it alone into .reader/run/<name>/ and execute it with nbclient in that venv's
 kernel. Prints one line per chapter and the lines where a chapter says what it skips; exits 1 if any chapter
 failed. The environment is kept between runs (delete .reader/ to start over); --keep keeps executed copies.
@@ -66,7 +66,7 @@ def setup() -> None:
     # Not editable, from a git URL, with its dependencies resolved, as the chapters' Colab cell installs it.
     run([str(PY), "-m", "pip", "uninstall", "-q", "-y", "attention-core"], stderr=subprocess.DEVNULL)
     run([str(PY), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         f"attention-core[exercises,pretrained] @ git+file://{WORK / 'src'}"])
+         f"attention-core[book,pretrained] @ git+file://{WORK / 'src'}"])
     run([str(PY), "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3"], stdout=subprocess.DEVNULL)
     missing = subprocess.run([str(PY), "-c", "import importlib.util as u; print(u.find_spec('triton') is None)"],
                              capture_output=True, text=True, check=True).stdout.strip()

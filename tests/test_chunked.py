@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _poisoned import poisoned_memory
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention_core as ac
@@ -17,7 +18,8 @@ BLOCKS = [(2, 3), (64, 64)]  # several tiles each way, and a single tile
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     """Every output buffer starts as NaN, so a tile the loops skipped by mistake shows up."""
-    monkeypatch.setattr(chunked, "POISON_OUTPUTS", True)
+    with poisoned_memory():
+        yield
 
 
 def inputs(B=1, Hq=2, H=1, L=5, S=7, E=3, Ev=2, dtype=torch.float64, seed=0, grad=False):
@@ -177,10 +179,11 @@ def test_empty_lengths():
         assert out.shape == (1, 1, L, 2) and (out == 0).all()
 
 
-@pytest.mark.parametrize("bad", [dict(block_q=0), dict(block_k=-1), dict(block_q=2.5), dict(block_k=True)])
-def test_bad_blocks(bad):
+@pytest.mark.parametrize("bad, error", [(dict(block_q=0), ValueError), (dict(block_k=-1), ValueError),
+                                        (dict(block_q=2.5), TypeError), (dict(block_k=True), TypeError)])
+def test_bad_blocks(bad, error):
     q, k, v = inputs()
-    with pytest.raises(ValueError, match="block_"):
+    with pytest.raises(error, match="block_. must be an int >= 1"):
         chunked_attention(q, k, v, **bad)
 
 

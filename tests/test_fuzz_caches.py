@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import attention_core as ac
-from attention_core import language_model as lm
 from attention_core.backends import Backend, register_backend
-from attention_core.latent_attention import LatentCache, MultiHeadLatentAttention
+from attention_core.models import language_model as lm
+from attention_core.models.latent_attention import LatentCache, MultiHeadLatentAttention
 
 PROFILE = os.environ.get("AC_FUZZ_PROFILE", "fuzz")
 #: (examples, steps per example): about 300 steps in `make test`, 2,500 in `make fuzz`.

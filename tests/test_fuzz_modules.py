@@ -16,10 +16,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_fuzz import FUZZ, ODD, answer, tensors
 
-from attention_core import language_model as lm
-from attention_core.checkpoint import load_checkpoint, save_checkpoint
-from attention_core.latent_attention import LatentCache, MultiHeadLatentAttention
+from attention_core.models import language_model as lm
+from attention_core.models.latent_attention import LatentCache, MultiHeadLatentAttention
 from attention_core.shakespeare.data import CharVocab
+from attention_core.training.checkpoint import load_checkpoint, save_checkpoint
 from attention_core.translation.data import Vocab
 
 V = 9

@@ -362,7 +362,7 @@ def test_issue24_chunked_takes_finfo_min_like_the_reference(fill):
 
 
 def _lm24():
-    from attention_core.language_model import build_language_model
+    from attention_core.models.language_model import build_language_model
 
     return build_language_model({"vocab_size": 11, "d_model": 16, "num_layers": 3, "num_heads": 2,
                                  "max_positions": 10, "seed": 0}).eval()
@@ -427,7 +427,7 @@ def test_issue24_sdpa_takes_torchs_argument_ranges(kw):
 
 
 def _mla24(dtype=torch.float32):
-    from attention_core.latent_attention import MultiHeadLatentAttention
+    from attention_core.models.latent_attention import MultiHeadLatentAttention
 
     return MultiHeadLatentAttention(16, 2, 8, kv_latent_dim=8, rope_dim=4, max_positions=8).to(dtype).eval()
 
@@ -439,8 +439,8 @@ def _charvocab():
 
 
 def _issue24_contract_calls():
-    from attention_core.language_model import sample_next_token
-    from attention_core.latent_attention import LatentCache
+    from attention_core.models.language_model import sample_next_token
+    from attention_core.models.latent_attention import LatentCache
 
     model = _lm24()
     full = model.new_cache()
@@ -502,7 +502,7 @@ def test_issue24_contract_of_the_newer_modules(name):
 
 def test_issue24_tiny_temperature_tends_to_greedy():
     # was: logits / 1e-30 overflowed to inf, softmax gave NaN and multinomial raised
-    from attention_core.language_model import sample_next_token
+    from attention_core.models.language_model import sample_next_token
 
     logits = torch.tensor([[1.0, 5.0, 2.0], [3.0, 0.0, -1.0]])
     for t in (1e-30, 1e-300, 5e-45):

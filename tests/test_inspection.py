@@ -1,4 +1,4 @@
-"""attention_core.inspection and attention_core.bert on a tiny random BERT (no checkpoint needed)."""
+"""attention_core.pretrained.inspection and attention_core.models.bert on a tiny random BERT (no checkpoint needed)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from attention_core.bert import BertConfig, BertEncoder, mean_pool
 from attention_core.booktools.widgets import HeadExplorer, head_explorer
-from attention_core.inspection import (
+from attention_core.models.bert import BertConfig, BertEncoder, mean_pool
+from attention_core.pretrained.inspection import (
     attention_entropy,
     attention_received,
     gradient_x_input,

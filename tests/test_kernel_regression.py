@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import attention_core as ac
 from attention_core import kernel_regression as kr
-from attention_core.regression_data import make_regression_data, regression_target
+from attention_core.regression.data import make_regression_data, regression_target
 
 KERNEL_NAMES = ["gaussian", "boxcar", "epanechnikov"]
 

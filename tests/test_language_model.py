@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import attention_core as ac
-from attention_core.language_model import (
+from attention_core.models.language_model import (
     DecoderLM,
     KVCache,
     build_language_model,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_core.latent_attention import LatentCache, MultiHeadLatentAttention, mla_cache_elements
+from attention_core.models.latent_attention import LatentCache, MultiHeadLatentAttention, mla_cache_elements
 
 D, H, E, DC, DR = 32, 4, 8, 12, 4
 

@@ -1,8 +1,11 @@
-"""The walls between the package's three wings, read from the import graph (every import, lazy ones included).
+"""The rooms of the package, read from the import graph (every import, lazy ones included).
 
-- the attention core (every module outside the wings) imports neither the translation task nor the
-  chapters' helpers, nor any other task wing;
-- the translation task does not import the chapters' helpers (its progress bars come from the core);
+- **primitives** (the root modules and ``backends/``) import no model, no task and no book tool;
+- **training** (checkpoints, progress, schedules) imports nothing else of the package, so any room may use it;
+- **models** (``models/``) import primitives and training only: no task, no book tool;
+- **tasks** (every other subpackage but ``booktools``: translation, shakespeare, regression, pretrained, ...)
+  never import the book's tools;
+- **booktools** is imported by the chapters alone;
 - the public contract of STYLE.md section 2 is reachable as ``import attention_core as ac``.
 """
 
@@ -18,9 +21,15 @@ import attention_core as ac
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "attention_core"
 HELPERS = "attention_core.booktools"
-#: Subpackages that are wings (tasks or helpers); everything else is the core. ``backends`` is core.
-WINGS = sorted(
-    f"attention_core.{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file() and p.name != "backends"
+MODELS = "attention_core.models"
+TRAINING = "attention_core.training"
+#: subpackages that belong to the primitives
+PRIMITIVE_PACKAGES = {"attention_core.backends"}
+#: every subpackage that is a task wing (anything that is not primitives, models, training or the book's tools)
+TASKS = sorted(
+    f"attention_core.{p.name}" for p in PACKAGE.iterdir()
+    if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))
+    and f"attention_core.{p.name}" not in PRIMITIVE_PACKAGES | {HELPERS, MODELS, TRAINING}
 )
 
 
@@ -42,34 +51,75 @@ def _imports(path: Path) -> set:
     return found
 
 
-def _wing_of(module: str) -> str | None:
-    return next((w for w in WINGS if module == w or module.startswith(w + ".")), None)
+def _room(module: str) -> str:
+    """primitives | training | models | task | booktools"""
+    def under(pkg: str) -> bool:
+        return module == pkg or module.startswith(pkg + ".")
+
+    if under(HELPERS):
+        return "booktools"
+    if under(MODELS):
+        return "models"
+    if under(TRAINING):
+        return "training"
+    if any(under(t) for t in TASKS):
+        return "task"
+    return "primitives"
 
 
 GRAPH = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+#: what each room may import besides itself
+ALLOWED = {
+    "training": {"training"},
+    "primitives": {"primitives", "training"},
+    "models": {"primitives", "training", "models"},
+    "task": {"primitives", "training", "models", "task"},
+    "booktools": {"primitives", "training", "models", "task", "booktools"},
+}
 
 
-def test_the_wings_are_what_the_layout_says() -> None:
-    assert "attention_core.translation" in WINGS and HELPERS in WINGS
-    assert len(GRAPH) > 30
+def test_the_rooms_are_what_the_layout_says() -> None:
+    assert {"attention_core.translation", "attention_core.shakespeare", "attention_core.pretrained",
+            "attention_core.regression"} <= set(TASKS)
+    assert _room("attention_core.models.language_model") == "models"
+    assert _room("attention_core.functional") == _room("attention_core.backends.chunked") == "primitives"
+    assert _room("attention_core.training.checkpoint") == "training"
+    assert len(GRAPH) > 40
 
 
-@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _wing_of(m) is None))
-def test_the_core_imports_no_wing(module: str) -> None:
-    leaks = sorted(m for m in GRAPH[module] if _wing_of(m) is not None)
-    assert not leaks, f"{module} (core) imports {leaks}"
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_no_room_imports_upward(module: str) -> None:
+    room = _room(module)
+    leaks = sorted(m for m in GRAPH[module] if m != "attention_core" and _room(m) not in ALLOWED[room])
+    assert not leaks, f"{module} ({room}) imports {[(m, _room(m)) for m in leaks]}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _wing_of(m) not in (None, HELPERS)))
-def test_a_task_does_not_import_the_helpers(module: str) -> None:
-    leaks = sorted(m for m in GRAPH[module] if _wing_of(m) == HELPERS)
-    assert not leaks, f"{module} (a task) imports the chapters' helpers: {leaks}"
+def test_the_root_holds_primitives_only() -> None:
+    """No model or task module at the root: the old names are aliases (attention_core/_moved.py), not files."""
+    from attention_core._moved import MOVED
+
+    for old in MOVED:
+        assert not (PACKAGE / (old.split(".")[-1] + ".py")).exists(), old
 
 
 def test_the_detector_sees_a_lazy_import(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
     src.write_text("def f():\n    from attention_core.booktools.plots import plot_attention\n")
-    assert _wing_of(next(iter(_imports(src) - {"attention_core.booktools.plots"}))) == HELPERS
+    assert "attention_core.booktools.plots" in _imports(src)
+    assert _room("attention_core.booktools.plots") not in ALLOWED["task"]
+
+
+def test_old_import_paths_give_the_same_module() -> None:
+    import attention_core.language_model as old
+    from attention_core.checkpoint import save_checkpoint
+
+    import attention_core.models.language_model as new
+
+    assert old is new and old.__name__ == "attention_core.models.language_model"
+    assert old.__spec__.name == "attention_core.models.language_model"
+    from attention_core.training import checkpoint
+
+    assert save_checkpoint is checkpoint.save_checkpoint
 
 
 def test_the_public_contract_is_importable() -> None:

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from attention_core import language_model as lm
+from attention_core.models import language_model as lm
 from attention_core.shakespeare import train as shakespeare_train
 from attention_core.translation import train as translation_train
 from attention_core.translation.data import NumberWords

@@ -15,7 +15,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the model folder is on disk
 
 import attention_core as ac  # noqa: E402
-from attention_core.pretrained import (  # noqa: E402
+from attention_core.pretrained.minilm import (  # noqa: E402
     BertConfig,
     MiniLM,
     convert_bert_state_dict,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attention_core.masks import padding_mask
-from attention_core.rnn_attention import (
+from attention_core.models.rnn_attention import (
     LUONG_MODES,
     LUONG_SCORES,
     AdditiveAttention,

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from attention_core.checkpoint import read_manifest
 from attention_core.shakespeare.data import (
     TEXT_FILE,
     CharVocab,
@@ -30,6 +29,7 @@ from attention_core.shakespeare.train import (
     save_lm_checkpoint,
     train_language_model,
 )
+from attention_core.training.checkpoint import read_manifest
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
-from attention_core.checkpoint import TrainLog, file_sha256, load_checkpoint, read_manifest, save_checkpoint
+from attention_core.training.checkpoint import TrainLog, file_sha256, load_checkpoint, read_manifest, save_checkpoint
 from attention_core.translation import train as training
 from attention_core.translation.data import NumberWords
 from attention_core.translation.metrics import book_test_set, evaluate_by_bucket

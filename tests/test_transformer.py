@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import attention_core as ac
-from attention_core.transformer import EncoderOutput, TransformerEncoder, TransformerEncoderLayer
+from attention_core.models.transformer import EncoderOutput, TransformerEncoder, TransformerEncoderLayer
 
 B, L, D, H, FF = 2, 6, 16, 4, 32
 ATOL = 1e-5

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import attention_core as ac
-from attention_core.checkpoint import (
+from attention_core.models.transformer import TransformerDecoder, TransformerDecoderLayer
+from attention_core.training.checkpoint import (
     MANIFEST,
     TrainLog,
     load_checkpoint,
@@ -18,7 +19,6 @@ from attention_core.checkpoint import (
     record_in_manifest,
     save_checkpoint,
 )
-from attention_core.transformer import TransformerDecoder, TransformerDecoderLayer
 from attention_core.translation.data import NumberWords, collate
 from attention_core.translation.rnn import greedy_decode
 from attention_core.translation.train import CHECKPOINT_DIR, RECIPES, build_model, load_or_train, sequence_loss

@@ -18,6 +18,7 @@ from pathlib import Path
 import _triton_interp_cases as cases
 import pytest
 import torch
+from _poisoned import poisoned_memory
 
 from attention_core.backends import AttentionInputs
 from attention_core.backends.fused_checks import triton_available, triton_supports
@@ -265,15 +266,12 @@ def test_gpu_parity(dtype, B, Hq, H, L, S, E, is_causal, window) -> None:
 
     if dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("bf16 dots need sm_80")
-    triton_flash.POISON_OUTPUTS = True
-    try:
+    with poisoned_memory():
         q, k, v = (torch.randn(B, h, n, E, device="cuda", dtype=dtype, requires_grad=True)
                    for h, n in ((Hq, L), (H, S), (H, S)))
         out = triton_flash.flash_attention(q, k, v, is_causal=is_causal, window=window)
         grad_out = torch.randn_like(out)
         out.backward(grad_out)
-    finally:
-        triton_flash.POISON_OUTPUTS = False
     mask = sliding_window_mask(L, window, S, causal=is_causal, device="cuda") if window else (
         causal_mask(L, S, device="cuda") if is_causal else None)
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))

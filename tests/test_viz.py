@@ -17,7 +17,7 @@ import attention_core as ac  # noqa: E402
 from attention_core.booktools import plots as viz  # noqa: E402
 from attention_core.booktools import session as notebook  # noqa: E402
 from attention_core.booktools import widgets  # noqa: E402
-from attention_core.regression_data import make_regression_data  # noqa: E402
+from attention_core.regression.data import make_regression_data  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,17 +1,20 @@
 """Attention backends: one signature, several implementations, one registry.
 
-Every backend module exposes one function with the SDPA signature::
+Every backend module exposes two functions beside each other::
 
-    attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Tensor
+    supports(inputs: AttentionInputs) -> str | None        # None: it can compute these inputs; else why not
+    run(inputs: AttentionInputs) -> (out, weights | None)  # out (B, Hq, L, Ev); weights (B, Hq, L, S) if asked
 
-and receives *canonical* inputs, already validated by :func:`attention_core.scaled_dot_product_attention`:
+and receives *canonical* inputs (:class:`~attention_core.backends.inputs.AttentionInputs`), validated once by
+:func:`attention_core.scaled_dot_product_attention`, never again:
 
 - ``query`` (B, Hq, L, E), ``key`` (B, H, S, E), ``value`` (B, H, S, Ev), one floating dtype, one device;
   ``Hq % H == 0``, and ``H == Hq`` unless ``enable_gqa``;
 - ``attn_mask`` is ``None`` or 4-D and broadcasts to (B, Hq, L, S); bool (True = takes part) or float in the
   compute dtype (float32 for float16/bfloat16 queries, else the query's dtype), added to the scores in that
   precision, as torch's SDPA does; never given together with ``is_causal``;
-- ``scale`` is a finite float, zero and negative included as in torch (the default ``1/sqrt(E)`` is already filled in).
+- ``scale`` is a finite float, zero and negative included as in torch (the default ``1/sqrt(E)`` is already filled in);
+- ``need_weights``: the caller wants the softmax weights too; only ``reference`` holds them.
 
 A fully masked query row gives zeros in every backend.
 
@@ -31,12 +34,14 @@ cuda        hand-written CUDA C++ forward (two levels)   yes (a)  no      no    
 (a) Its backward recomputes attention with the eager ``reference`` backend (O(L * S) memory).
 
 ``triton`` and ``cuda`` take no ``attn_mask`` (``is_causal`` only) and head dims up to 128; asking for them
-where they cannot run, or with inputs they cannot take, raises a ``ValueError`` that says why (answered by
-:mod:`attention_core.backends.fused_checks` without importing Triton or compiling anything).
+where they cannot run, or with inputs they cannot take, raises a ``ValueError`` that says why. Their
+``supports`` live beside them in :mod:`attention_core.backends.fused_checks`, which imports only torch, so that
+asking never imports Triton or compiles anything; their ``run`` is reached through a two-line function below
+that imports the kernel module on first use.
 
-The registry is open: :func:`register_backend` adds an entry. An entry names its implementation by module
-path, so a backend's module, and whatever heavy thing it imports (Triton, the CUDA compiler), is loaded only
-on first use.
+The registry is open: :func:`register_backend` adds an entry (a ``run`` function, or, the older form, the
+import path of a module whose ``attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+enable_gqa)`` returns the output).
 
 Which backend runs a call: the ``backend=`` argument if given, else the innermost :func:`use_backend`, else
 the automatic choice of :func:`choose_backend`.
@@ -50,14 +55,22 @@ import importlib
 import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Union
 
 import torch
+
+from attention_core.backends import chunked, numpy_backend, reference, torch_backend
+from attention_core.backends import fused_checks as _fused
+from attention_core.backends.inputs import AttentionInputs, BackendResult
+
+#: A backend's implementation: ``run(inputs) -> (out, weights | None)``
+RunFn = Callable[[AttentionInputs], BackendResult]
 
 __all__ = [
     "AUTO_ORDER",
     "AttentionInputs",
     "Backend",
+    "BackendResult",
     "available_backends",
     "choose_backend",
     "get_backend",
@@ -68,71 +81,57 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class AttentionInputs:
-    """The canonical, validated arguments of one attention call (shapes in the module docstring)."""
-
-    query: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
-    attn_mask: torch.Tensor | None
-    dropout_p: float
-    is_causal: bool
-    scale: float
-    enable_gqa: bool
-
-    @property
-    def requires_grad(self) -> bool:
-        """True when autograd will need gradients through this call."""
-        tensors = (self.query, self.key, self.value, self.attn_mask)
-        return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-@dataclass(frozen=True)
 class Backend:
     """One registry entry.
 
     Attributes:
         name: the name users pass as ``backend=``.
         description: one line for listings and error messages.
-        module: import path of the module holding the implementation (imported on first use).
+        implementation: the backend's ``run(inputs) -> (out, weights | None)``; or (the older form) the import
+            path of a module whose ``function`` has the SDPA argument order and returns the output only.
         is_available: ``() -> (ok, reason)``: can this machine run it at all?
         supports: ``(AttentionInputs) -> reason or None``: can it handle these inputs?
-        function: name of the implementation function inside ``module``.
+        function: with a module path as ``implementation``, the function's name in it.
         runs_on: ``(device_type) -> bool``: does it take tensors on this kind of device ("cpu", "cuda")?
             Every device by default.
         auto_ok: ``(AttentionInputs) -> bool``: may :func:`choose_backend` pick it for these inputs (a backend
             can run somewhere without being a good choice there, e.g. ``triton`` before sm_80)? Yes by default.
+        score_bytes: for a backend that holds the whole (B, Hq, L, S) score matrix, the bytes per score it
+            computes in, given the query's dtype (the registry refuses, before allocating, a call whose scores
+            and weights cannot fit); ``None`` for backends that never hold it.
     """
 
     name: str
     description: str
-    module: str
+    implementation: Union[RunFn, str]
     is_available: Callable[[], tuple[bool, str]]
     supports: Callable[[AttentionInputs], str | None]
     function: str = "attention"
     runs_on: Callable[[str], bool] = lambda device_type: True
     auto_ok: Callable[[AttentionInputs], bool] = lambda inputs: True
+    score_bytes: Callable[[torch.dtype], int] | None = None
 
-    def load(self) -> Callable[..., torch.Tensor]:
-        """Import the implementation (once) and return its function; later calls read a dict, which
-        ``torch.compile`` traces (it will not trace ``importlib``)."""
-        fn = _LOADED.get((self.module, self.function))
+    def load(self) -> RunFn:
+        """The ``run`` function (for the older form, the module is imported once and its function wrapped)."""
+        if callable(self.implementation):
+            return self.implementation
+        fn = _LOADED.get((self.implementation, self.function))
         if fn is None:
-            fn = getattr(importlib.import_module(self.module), self.function)
-            _LOADED[(self.module, self.function)] = fn
+            legacy = getattr(importlib.import_module(self.implementation), self.function)
+
+            def fn(inputs: AttentionInputs) -> BackendResult:
+                return legacy(*inputs.args()), None
+
+            _LOADED[(self.implementation, self.function)] = fn
         return fn
 
-    def run(self, inputs: AttentionInputs) -> torch.Tensor:
-        """Run the implementation on canonical inputs; returns (B, Hq, L, Ev)."""
-        fn = self.load()
-        return fn(
-            inputs.query, inputs.key, inputs.value, inputs.attn_mask,
-            inputs.dropout_p, inputs.is_causal, inputs.scale, inputs.enable_gqa,
-        )
+    def run(self, inputs: AttentionInputs) -> BackendResult:
+        """Run the implementation on canonical inputs: ``(out (B, Hq, L, Ev), weights (B, Hq, L, S) or None)``."""
+        return self.load()(inputs)
 
 
 _REGISTRY: dict[str, Backend] = {}
-_LOADED: dict[tuple[str, str], Callable[..., torch.Tensor]] = {}  # (module, function) -> the function
+_LOADED: dict[tuple[str, str], RunFn] = {}  # older entries: (module, function) -> its run wrapper
 _CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention_backend", default=None)
 
 #: The automatic choice tries these in order and takes the first that is available and supports the inputs.
@@ -253,65 +252,46 @@ def _always() -> tuple[bool, str]:
     return True, ""
 
 
-def _numpy_available() -> tuple[bool, str]:
-    if importlib.util.find_spec("numpy") is None:
-        return False, "numpy is not installed"
-    return True, ""
+def _compute_bytes(dtype: torch.dtype) -> int:
+    """Bytes per score in the compute dtype: float32 for float16/bfloat16 inputs, else the input's."""
+    return 4 if dtype in (torch.float16, torch.bfloat16) else torch.empty((), dtype=dtype).element_size()
 
 
-def _supports_all(inputs: AttentionInputs) -> str | None:
-    return None
+def _run_triton(inputs: AttentionInputs) -> BackendResult:
+    from attention_core.backends import triton_flash  # imports Triton: only when the backend first runs
+
+    return triton_flash.run(inputs)
 
 
-def _numpy_supports(inputs: AttentionInputs) -> str | None:
-    if inputs.query.device.type == "meta":
-        return "it computes on the tensors' values, and meta tensors have none"
-    if inputs.requires_grad:
-        return "it has no autograd (an input requires grad); use 'reference' or 'torch' for gradients"
-    if inputs.dropout_p > 0:
-        return f"it has no dropout (dropout_p={inputs.dropout_p}); it is a deterministic oracle"
-    return None
+def _run_cuda(inputs: AttentionInputs) -> BackendResult:
+    from attention_core.backends import cuda_flash  # compiles the extension at its first call
 
-
-def _chunked_supports(inputs: AttentionInputs) -> str | None:
-    if inputs.dropout_p > 0:
-        return f"it has no dropout (dropout_p={inputs.dropout_p})"
-    mask = inputs.attn_mask
-    if mask is not None and mask.requires_grad and torch.is_grad_enabled():
-        return "its backward does not compute a gradient for a float attn_mask (attn_mask.requires_grad)"
-    return None
+    return cuda_flash.run(inputs)
 
 
 register_backend(Backend(
     "reference", "eager torch math: scores, masked softmax, weights @ value (any device; returns weights)",
-    "attention_core.backends.reference", _always, _supports_all,
+    reference.run, _always, reference.supports, score_bytes=_compute_bytes,
 ))
 register_backend(Backend(
     "numpy", "float64 NumPy oracle (copies to the CPU; no autograd, no dropout)",
-    "attention_core.backends.numpy_backend", _numpy_available, _numpy_supports,
+    numpy_backend.run, _always, numpy_backend.supports, score_bytes=lambda dtype: 8,
 ))
 register_backend(Backend(
     "torch", "torch.nn.functional.scaled_dot_product_attention (fused ATen kernels)",
-    "attention_core.backends.torch_backend", _always, _supports_all,
+    torch_backend.run, _always, torch_backend.supports,
 ))
 register_backend(Backend(
     "chunked", "online softmax over key/value tiles in plain torch, recomputing backward (no dropout)",
-    "attention_core.backends.chunked", _always, _chunked_supports,
+    chunked.run, _always, chunked.supports,
 ))
-# The fused kernels' checks live in a module that imports only torch: asking never imports Triton or compiles.
-from attention_core.backends import fused_checks  # noqa: E402
-
 register_backend(Backend(
     "triton", "FlashAttention-2 forward and backward in Triton (CUDA; the CPU under TRITON_INTERPRET=1)",
-    "attention_core.backends.triton_flash", fused_checks.triton_available, fused_checks.triton_supports,
-    runs_on=fused_checks.triton_runs_on, auto_ok=fused_checks.triton_worth_choosing,
+    _run_triton, _fused.triton_available, _fused.triton_supports,
+    runs_on=_fused.triton_runs_on, auto_ok=_fused.triton_worth_choosing,
 ))
 register_backend(Backend(
     "cuda", "hand-written CUDA C++ flash forward, fp32 rows or tensor cores (WMMA), via load_inline",
-    "attention_core.backends.cuda_flash", fused_checks.cuda_available, fused_checks.cuda_supports,
+    _run_cuda, _fused.cuda_available, _fused.cuda_supports,
     runs_on=lambda device_type: device_type == "cuda",
 ))
-# The backends written in plain torch import nothing heavy: load them now, so that a first call made under
-# torch.compile finds them without an import.
-for _name in ("reference", "torch", "chunked"):
-    _REGISTRY[_name].load()

@@ -51,7 +51,10 @@ from typing import Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "POISON_OUTPUTS", "attention", "chunked_attention"]
+from attention_core._checks import check_int
+from attention_core.backends.inputs import AttentionInputs, BackendResult, no_weights, scale_or_default
+
+__all__ = ["BLOCK_K", "BLOCK_Q", "chunked_attention", "run", "supports"]
 
 #: Default tile sizes, the ones PyTorch's CPU kernel uses for long sequences. A (256, 512) float32 tile of
 #: scores is 512 KiB, half of a 1 MiB L2 cache, which leaves room for the tile's inputs: 256 queries (64 KiB
@@ -64,9 +67,6 @@ _NEG_INF = float("-inf")
 _LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * _LOG2E)
 _LN2 = 0.6931471805599453  # ln(2) == 1 / _LOG2E
 
-#: Tests set this to True: the output and log-sum-exp buffers are then filled with NaN before the tiles write
-#: them, so a row the loops forgot cannot pass as a plausible value.
-POISON_OUTPUTS = False
 
 
 # ------------------------------------------------------------------------------------------------ tiles
@@ -280,23 +280,11 @@ def _backward_tiles(
 
 
 def _launch_forward(query, key, value, attn_mask, is_causal, scale, block_q, block_k):
-    """Validate the tiling, allocate out (B, Hq, L, Ev) and lse (B, Hq, L, 1), run the tiles."""
-    for name, b in (("block_q", block_q), ("block_k", block_k)):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"{name} must be a positive int, got {b!r}")
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        raise ValueError(
-            "chunked_attention takes canonical 4-D inputs (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev); got "
-            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)} "
-            "(scaled_dot_product_attention takes any layout)"
-        )
+    """Allocate out (B, Hq, L, Ev) and lse (B, Hq, L, 1), run the tiles."""
     t = _Tiles(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
     BH, L, Ev = t.q.shape[0], t.L, value.shape[-1]
     out = t.q.new_empty((BH, t.G, L, Ev))  # (B*H, G, L, Ev), compute dtype
     lse = t.q.new_empty((BH, t.G, L, 1))  # (B*H, G, L, 1)
-    if POISON_OUTPUTS:
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
     _forward_tiles(t, out, lse)
     return t, out, lse
 
@@ -440,10 +428,20 @@ def chunked_attention(
     Returns:
         (B, Hq, L, Ev) in the query's dtype; fully masked rows are zeros.
     """
-    for name, b in (("block_q", block_q), ("block_k", block_k)):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"{name} must be a positive int, got {b!r}")
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    check_int(block_q, "block_q", low=1)
+    check_int(block_k, "block_k", low=1)
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError(
+            "chunked_attention takes canonical 4-D inputs (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev); got "
+            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)} "
+            "(scaled_dot_product_attention takes any layout)"
+        )
+    return _attend(query, key, value, attn_mask, is_causal, scale_or_default(scale, query.shape[-1]), block_q,
+                   block_k)
+
+
+def _attend(query, key, value, attn_mask, is_causal, scale, block_q, block_k) -> torch.Tensor:  # noqa: ANN001
+    """Checked inputs -> (B, Hq, L, Ev): the autograd Function eagerly, the registered op when traced."""
     if _traced(query, key, value, attn_mask):  # compile or a torch.func transform: one opaque, registered call
         out, _ = _forward_op(query, key, value, attn_mask, is_causal, float(scale), block_q, block_k)
         return out.to(query.dtype)
@@ -456,19 +454,17 @@ def _traced(*tensors: Optional[torch.Tensor]) -> bool:
         t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
-def attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    scale: float,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """Backend entry point on canonical inputs, tiles of :data:`BLOCK_Q` x :data:`BLOCK_K` (read per call)."""
-    if dropout_p > 0:
-        raise ValueError(f"the chunked backend has no dropout, got dropout_p={dropout_p}")
-    return chunked_attention(
-        query, key, value, attn_mask, is_causal, scale, enable_gqa, block_q=BLOCK_Q, block_k=BLOCK_K
-    )
+def supports(inputs: AttentionInputs) -> Optional[str]:
+    """No dropout, no gradient for a float mask, no weights."""
+    if inputs.dropout_p > 0:
+        return f"it has no dropout (dropout_p={inputs.dropout_p})"
+    mask = inputs.attn_mask
+    if mask is not None and mask.requires_grad and torch.is_grad_enabled():
+        return "its backward does not compute a gradient for a float attn_mask (attn_mask.requires_grad)"
+    return no_weights(inputs)
+
+
+def run(inputs: AttentionInputs) -> BackendResult:
+    """Registry entry point: ``(out, None)``, tiles of :data:`BLOCK_Q` x :data:`BLOCK_K` (read per call)."""
+    q, k, v, mask, _, is_causal, scale, _ = inputs.args()
+    return _attend(q, k, v, mask, is_causal, scale, BLOCK_Q, BLOCK_K), None

@@ -35,7 +35,6 @@ Head dims: E == Ev <= 128.
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from typing import Any, Optional
 
@@ -46,12 +45,10 @@ from attention_core.backends import reference
 from attention_core.backends.cuda_kernels import BINDING_SOURCE, KERNEL_SOURCE
 from attention_core.backends.cuda_on_cpu import run_on_cpu
 from attention_core.backends.fused_checks import check_fused_inputs, cuda_available
+from attention_core.backends.inputs import AttentionInputs, BackendResult, scale_or_default
 
-__all__ = ["BINDING_SOURCE", "KERNEL_SOURCE", "attention", "flash_attention", "flash_attention_forward",
+__all__ = ["BINDING_SOURCE", "KERNEL_SOURCE", "run", "flash_attention", "flash_attention_forward",
            "load_extension", "run_on_cpu"]
-
-#: Tests set this to True: the output buffer is then filled with NaN before the kernel writes it.
-POISON_OUTPUTS = False
 
 _DTYPE_LEVEL = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 2}
 
@@ -120,8 +117,6 @@ def flash_attention_forward(
     """Launch one kernel level on checked inputs; returns (B, Hq, L, E) in the query's dtype."""
     query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
     out = torch.empty_like(query)
-    if POISON_OUTPUTS:
-        out.fill_(float("nan"))
     if out.numel() == 0:
         return out
     if key.shape[2] == 0:  # no keys: every row is fully masked
@@ -192,23 +187,14 @@ def flash_attention(
         raise ValueError(f"value's head dim must equal query's (E={query.shape[-1]}): got value of shape "
                          f"{tuple(value.shape)} (the CUDA kernels take E == Ev)")
     scale = check_scale(scale)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scale = scale_or_default(scale, query.shape[-1])
     chosen = _choose_level(query.dtype, query.device, level)
     return _CudaFlashAttention.apply(query, key, value, scale, is_causal, chosen)
 
 
-def attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: Optional[torch.Tensor],
-    dropout_p: float,
-    is_causal: bool,
-    scale: float,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """Registry entry point on canonical inputs (see :mod:`attention_core.backends`)."""
-    if attn_mask is not None or dropout_p > 0:  # fused_checks.cuda_supports refuses these first
-        raise ValueError("the cuda backend takes no attn_mask and no dropout")
-    return flash_attention(query, key, value, is_causal=is_causal, scale=scale)
-
+def run(inputs: AttentionInputs) -> BackendResult:
+    """Registry entry point on canonical inputs already validated by :func:`attention_core.scaled_dot_product_attention`
+    and :func:`~attention_core.backends.fused_checks.cuda_supports` (no second validation here)."""
+    chosen = _choose_level(inputs.query.dtype, inputs.query.device, None)
+    return _CudaFlashAttention.apply(inputs.query, inputs.key, inputs.value, inputs.scale, inputs.is_causal,
+                                     chosen), None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import math
 import os
 import re
 import shutil
@@ -36,7 +35,9 @@ from typing import Iterator, Mapping, Optional, Sequence
 
 import torch
 
+from attention_core._checks import check_scale
 from attention_core.backends.cuda_kernels import csrc_sources
+from attention_core.backends.inputs import scale_or_default
 
 __all__ = [
     "ProgramRun",
@@ -266,10 +267,7 @@ def run_on_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, i
     """
     level = (1 if query.dtype == torch.float32 else 2) if level is None else level
     _problem(query, key, value, level)
-    if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1])
-    elif not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive, finite float or None, got {scale!r}")
+    scale = scale_or_default(check_scale(scale), query.shape[-1])
     query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
     out = torch.full_like(query, float("nan"))  # anything the kernel fails to write shows up
     if out.numel() == 0:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 import torch
 
 if TYPE_CHECKING:  # the registry imports this module, so the type is only named, never imported, here
-    from attention_core.backends import AttentionInputs
+    from attention_core.backends.inputs import AttentionInputs
 
 __all__ = [
     "MAX_HEAD_DIM",
@@ -52,6 +52,8 @@ def _common_reasons(inputs: AttentionInputs, window_hint: bool = False) -> Optio
 
     ``window_hint``: the kernel has a sliding window of its own (Triton's ``flash_attention(..., window=)``).
     """
+    if inputs.need_weights:
+        return "it returns no weights (need_weights=True); use 'reference'"
     if inputs.attn_mask is not None:
         own = "; a sliding window through its own flash_attention(..., window=)" if window_hint else ""
         return f"it takes no attn_mask (only is_causal{own}); use 'torch' or 'chunked' for an arbitrary mask"

@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["attention", "attention_np"]
+from attention_core.backends.inputs import AttentionInputs, BackendResult, no_weights, scale_or_default
+
+__all__ = ["attention_np", "run", "supports"]
 
 
 def attention_np(
@@ -28,7 +30,7 @@ def attention_np(
     is bool (True = takes part) or float (added), broadcastable to (..., L, S). Fully masked rows give 0.
     """
     L, S = query.shape[-2], key.shape[-2]
-    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+    scale = scale_or_default(scale, query.shape[-1])
     scores = np.matmul(query, np.swapaxes(key, -1, -2)) * scale  # (..., L, E) @ (..., E, S) -> (..., L, S)
     keep = np.ones(scores.shape, dtype=bool)
     if is_causal:
@@ -53,17 +55,20 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(device="cpu", dtype=torch.float64).numpy()
 
 
-def attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    scale: float,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """Backend entry point on canonical inputs; returns (B, Hq, L, Ev) in the query's dtype and device."""
+def supports(inputs: AttentionInputs) -> str | None:
+    """No meta tensors, no autograd, no dropout, no weights: it is a float64 oracle on values."""
+    if inputs.query.device.type == "meta":
+        return "it computes on the tensors' values, and meta tensors have none"
+    if inputs.requires_grad:
+        return "it has no autograd (an input requires grad); use 'reference' or 'torch' for gradients"
+    if inputs.dropout_p > 0:
+        return f"it has no dropout (dropout_p={inputs.dropout_p}); it is a deterministic oracle"
+    return no_weights(inputs)
+
+
+def run(inputs: AttentionInputs) -> BackendResult:
+    """Registry entry point: ``(out, None)``, out (B, Hq, L, Ev) in the query's dtype and device."""
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = inputs.args()
     if dropout_p > 0:
         raise ValueError(f"the numpy backend has no dropout, got dropout_p={dropout_p}")
     q, k, v = _to_numpy(query), _to_numpy(key), _to_numpy(value)
@@ -73,4 +78,4 @@ def attention(
         v = np.repeat(v, group, axis=-3)  # (B, H, S, Ev) -> (B, Hq, S, Ev)
     mask = None if attn_mask is None else _to_numpy(attn_mask)
     out = attention_np(q, k, v, mask, is_causal, scale)
-    return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
+    return torch.from_numpy(out).to(device=query.device, dtype=query.dtype), None

@@ -16,10 +16,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from attention_core.backends.inputs import AttentionInputs, BackendResult
 from attention_core.masks import causal_mask
 
 __all__ = [
     "attention",
+    "run",
+    "supports",
     "attention_scores",
     "attention_weights",
     "attention_with_weights",
@@ -128,3 +131,14 @@ def attention(
     """Backend entry point: the output of :func:`attention_with_weights`, (B, Hq, L, Ev)."""
     out, _ = attention_with_weights(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return out
+
+
+def supports(inputs: AttentionInputs) -> str | None:
+    """Every input: the reference runs anything valid (the memory check is the registry's)."""
+    return None
+
+
+def run(inputs: AttentionInputs) -> BackendResult:
+    """Registry entry point: ``(out, weights)`` when ``inputs.need_weights``, else ``(out, None)``."""
+    out, weights = attention_with_weights(*inputs.args())
+    return out, (weights if inputs.need_weights else None)

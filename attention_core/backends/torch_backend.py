@@ -12,26 +12,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention"]
+from attention_core.backends.inputs import AttentionInputs, BackendResult, no_weights
+
+__all__ = ["run", "supports"]
 
 
-def attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    scale: float,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """Backend entry point, canonical inputs: (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev) -> (B, Hq, L, Ev)."""
+def run(inputs: AttentionInputs) -> BackendResult:
+    """Registry entry point: ``(out, None)``; canonical inputs (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev)."""
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = inputs.args()
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
         enable_gqa=enable_gqa,
     )
     if attn_mask is None or query.device.type == "cpu":
-        return out
+        return out, None
     keep = attn_mask if attn_mask.dtype == torch.bool else attn_mask != float("-inf")
     alive = keep.any(dim=-1, keepdim=True)  # (B?, H?, L?, S) -> (B?, H?, L?, 1)
-    return out.masked_fill(~alive, 0.0)
+    return out.masked_fill(~alive, 0.0), None
+
+
+def supports(inputs: AttentionInputs) -> str | None:
+    """Every input but a request for the weights (the fused kernels never form them)."""
+    return no_weights(inputs)

@@ -46,7 +46,6 @@ shape: 32 x 32, or ``AC_TRITON_INTERPRET_BLOCKS=MxN`` (e.g. ``128x64``), or :fun
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from typing import Dict, Iterator, Optional, Tuple
 
@@ -60,6 +59,7 @@ from attention_core.backends.fused_checks import (
     triton_grid_reason,
     triton_tensor_core_warning,
 )
+from attention_core.backends.inputs import AttentionInputs, BackendResult, scale_or_default
 from attention_core.backends.triton_configs import (  # noqa: F401  (re-exported: tests, triton_inspect)
     CANDIDATES,
     PREPROCESS_BLOCK,
@@ -78,7 +78,7 @@ from attention_core.backends.triton_configs import (  # noqa: F401  (re-exported
 __all__ = [
     "GQA_SPLIT",
     "INTERPRET",
-    "attention",
+    "run",
     "autotune_configs",
     "favoured_config",
     "flash_attention",
@@ -92,10 +92,6 @@ __all__ = [
 
 #: Read once, as ``@triton.jit`` does: the kernels below are interpreted (NumPy, CPU) when this is True.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-#: Tests set this to True: every buffer a kernel writes is then filled with NaN first, so an element the
-#: kernel forgot to write cannot pass as a plausible value.
-POISON_OUTPUTS = False
 
 #: How many programs share the query heads of one GQA group in the dK/dV kernel. ``None``: automatic, more
 #: than one only when ``cdiv(S, 64) * B * H`` programs would leave the GPU's SMs idle (e.g. MQA, B = 1); each
@@ -591,9 +587,8 @@ def interpreter_blocks(block_m: int, block_n: int) -> Iterator[None]:
 # ----------------------------------------------------------------------------------------------- launchers
 
 def _alloc(shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An output buffer; NaN-filled when :data:`POISON_OUTPUTS` is on (tests), else uninitialised."""
-    t = torch.empty(shape, dtype=dtype, device=device)
-    return t.fill_(float("nan")) if POISON_OUTPUTS else t
+    """An uninitialised output buffer (NaN-filled in torch's deterministic mode, which the tests turn on)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _block_dim(n: int) -> int:
@@ -864,22 +859,15 @@ def flash_attention(
     _check_inputs(query, key, value, is_causal, window)
     triton_tensor_core_warning(query.device)
     scale = check_scale(scale)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scale = scale_or_default(scale, query.shape[-1])
     left, right = window_bounds(query.shape[2], key.shape[2], is_causal, window)
     return _FlashAttention.apply(query, key, value, scale, left, right)
 
 
-def attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: Optional[torch.Tensor],
-    dropout_p: float,
-    is_causal: bool,
-    scale: float,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """Registry entry point on canonical inputs (see :mod:`attention_core.backends`); no window here."""
-    if attn_mask is not None or dropout_p > 0:  # fused_checks.triton_supports refuses these first
-        raise ValueError("the triton backend takes no attn_mask and no dropout")
-    return flash_attention(query, key, value, is_causal=is_causal, scale=scale)
+def run(inputs: AttentionInputs) -> BackendResult:
+    """Registry entry point on canonical inputs already validated by :func:`attention_core.scaled_dot_product_attention`
+    and :func:`~attention_core.backends.fused_checks.triton_supports` (no second validation here); no window."""
+    triton_tensor_core_warning(inputs.query.device)
+    query, key = inputs.query, inputs.key
+    left, right = window_bounds(query.shape[2], key.shape[2], inputs.is_causal, None)
+    return _FlashAttention.apply(query, key, inputs.value, inputs.scale, left, right), None

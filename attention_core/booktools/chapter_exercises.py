@@ -196,7 +196,7 @@ def _reference(path: str) -> Callable[..., Any]:
 
 
 def _bahdanau_reference(s_prev, h, mask, W_a, U_a, v_a):
-    from attention_core.rnn_attention import AdditiveAttention
+    from attention_core.models.rnn_attention import AdditiveAttention
 
     layer = AdditiveAttention(W_a.shape[1], U_a.shape[1], W_a.shape[0])
     with torch.no_grad():
@@ -248,8 +248,8 @@ def _ch03() -> FunctionSpec:
             (T([[0.5, -1.0]]), T([[[1.0], [2.0]]]), T([[True, False]]), T([[1.0, 2.0], [0.0, 1.0]]),
              T([[1.0], [-1.0]]), T([1.0, 2.0])),
         ),
-        unavailable=("attention_core.rnn_attention.AdditiveAttention", "attention_core.scoring.AdditiveScore",
-                     "attention_core.rnn_attention.AdditiveScore"),
+        unavailable=("attention_core.models.rnn_attention.AdditiveAttention", "attention_core.scoring.AdditiveScore",
+                     "attention_core.models.rnn_attention.AdditiveScore"),
         task="to write the additive score, the mask and the softmax yourself",
         mistakes=(
             Mistake("padded positions must get weight 0: mask the scores before the softmax.", _bahdanau_unmasked),
@@ -266,7 +266,7 @@ def _ch03() -> FunctionSpec:
 
 
 def _local_reference(scores, center, D):
-    from attention_core.rnn_attention import local_attention_weights
+    from attention_core.models.rnn_attention import local_attention_weights
 
     return local_attention_weights(scores, center, D, gaussian=True)
 
@@ -301,9 +301,10 @@ def _ch04() -> FunctionSpec:
             (T([[[1.0, 2.0, 3.0, 4.0]]]), T([[1.5]]), 1),  # p between two words
             (T([[[0.5]]]), T([[0.0]]), 1),  # one source word
         ),
-        unavailable=("attention_core.rnn_attention.local_attention_weights",
-                     "attention_core.rnn_attention.LuongAttention", "attention_core.rnn_attention.gaussian_window",
-                     "attention_core.rnn_attention.masked_softmax"),
+        unavailable=("attention_core.models.rnn_attention.local_attention_weights",
+                     "attention_core.models.rnn_attention.LuongAttention",
+                     "attention_core.models.rnn_attention.gaussian_window",
+                     "attention_core.models.rnn_attention.masked_softmax"),
         task="to write the window, the softmax and the Gaussian yourself",
         mistakes=(
             Mistake("the Gaussian's sigma is D/2, not D.", lambda s, c, D: _local(s, c, D, sigma=D)),
@@ -615,7 +616,7 @@ def _ch09() -> FunctionSpec:
 
 
 def _pool_reference(hidden, mask):
-    from attention_core.bert import mean_pool
+    from attention_core.models.bert import mean_pool
 
     return mean_pool(hidden, mask)
 
@@ -639,7 +640,7 @@ def _ch10() -> FunctionSpec:
             (T([[[1.0, 2.0], [3.0, 6.0]], [[5.0, 7.0], [9.0, 9.0]]], dtype=f64), T([[True, True], [True, False]])),
             (T([[[-2.0, 0.5, 3.0]]], dtype=f64), T([[True]])),  # one token
         ),
-        unavailable=("attention_core.pretrained.mean_pool", "attention_core.bert.mean_pool"),
+        unavailable=("attention_core.pretrained.mean_pool", "attention_core.models.bert.mean_pool"),
         task="to write the masked mean yourself",
         mistakes=(
             Mistake("padding tokens are left out: average only the vectors where mask is True.",
@@ -660,7 +661,7 @@ def _ch10() -> FunctionSpec:
 
 
 def _decode_reference(L, S, window):
-    from attention_core.language_model import cached_causal_mask
+    from attention_core.models.language_model import cached_causal_mask
 
     return cached_causal_mask(L, S, window)
 
@@ -681,7 +682,7 @@ def _ch11() -> FunctionSpec:
         "decode_mask", _decode_reference, sizes, max_examples=50, arg_names=("L", "S", "window"),
         examples=((2, 4, None), (2, 4, 2), (1, 1, None), (3, 6, 1), (2, 3, 8), (4, 4, 3)),
         dtype=("a bool tensor", lambda L, S, window: torch.bool),
-        unavailable=("attention_core.language_model.cached_causal_mask", "attention_core.masks.causal_mask",
+        unavailable=("attention_core.models.language_model.cached_causal_mask", "attention_core.masks.causal_mask",
                      "attention_core.masks.sliding_window_mask"),
         task="to build the decode-step mask yourself",
         mistakes=(

@@ -80,7 +80,7 @@ def plot_loss_curves(entries: Mapping[str, Mapping[str, Any]], ax: Optional[Axes
     """Training loss against step, from manifest entries (``losses`` averaged over ``loss_every`` steps).
 
     Args:
-        entries: model name -> its manifest entry (see :func:`attention_core.checkpoint.recipe_entry`).
+        entries: model name -> its manifest entry (see :func:`attention_core.training.checkpoint.recipe_entry`).
         ax: draw here; a new figure if None.
         title: panel title.
     """

@@ -1,7 +1,7 @@
 """What every chapter's first cell calls: seeding, print and plot defaults, the device.
 
 ``setup`` makes a notebook's outputs repeat run after run (with ``OMP_NUM_THREADS=1`` set by the canonical
-execution). Progress bars live in :mod:`attention_core.progress` (the library's training loops use them too);
+execution). Progress bars live in :mod:`attention_core.training.progress` (the library's training loops use them too);
 ``progress`` is re-exported here for the chapters.
 """
 
@@ -11,7 +11,7 @@ import random
 
 import torch
 
-from attention_core.progress import progress, progress_enabled
+from attention_core.training.progress import progress, progress_enabled
 
 __all__ = ["OKABE_ITO", "progress", "progress_enabled", "setup"]
 

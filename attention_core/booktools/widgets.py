@@ -37,10 +37,10 @@ from attention_core.booktools.plots import (
     to_numpy,
 )
 from attention_core.booktools.static import StaticTwin, frame_slider, text_slider
-from attention_core.inspection import attention_entropy
 from attention_core.kernel_regression import nadaraya_watson_weights
 from attention_core.masks import padding_mask
-from attention_core.rnn_attention import local_attention_weights
+from attention_core.models.rnn_attention import local_attention_weights
+from attention_core.pretrained.inspection import attention_entropy
 
 __all__ = [
     "BandwidthExplorer",

@@ -7,5 +7,5 @@ A wing of its own, beside the attention core (which never imports it):
 - :mod:`~attention_core.shakespeare.train`: the recipe, the training loop, the evaluation, the shipped checkpoint
   and the command line that made it (``python -m attention_core.shakespeare.train``).
 
-The model itself is the core's :class:`attention_core.language_model.DecoderLM`.
+The model itself is the core's :class:`attention_core.models.language_model.DecoderLM`.
 """

@@ -24,7 +24,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from attention_core._checks import check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import check_positive_int, check_real, check_tensor, fmt_shape
 
 __all__ = [
     "TEXT_FILE",
@@ -119,8 +119,7 @@ class Corpus:
 
 def load_corpus(val_fraction: float = 0.1, path: PathLike = TEXT_FILE, sha256: str = TEXT_SHA256) -> Corpus:
     """The verified corpus, encoded and split by position: train = the first ``1 - val_fraction``, val = the rest."""
-    if isinstance(val_fraction, bool) or not isinstance(val_fraction, float) or not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be a float in (0, 1), got {val_fraction!r}")
+    check_real(val_fraction, "val_fraction", low=0, high=1, low_open=True, high_open=True)
     text = load_text(path, sha256)
     vocab = CharVocab(text)
     ids = vocab.encode(text)
@@ -143,9 +142,7 @@ def random_batch(ids: torch.Tensor, batch_size: int, context: int, generator: Op
     check_positive_int(context, "context")
     if ids.dim() != 1 or len(ids) <= context:
         raise ValueError(f"ids must be 1-D and longer than context={context}, got shape {fmt_shape(ids.shape)}")
-    if isinstance(repeat_fraction, bool) or not isinstance(repeat_fraction, (int, float)) \
-            or not 0 <= repeat_fraction <= 1:
-        raise ValueError(f"repeat_fraction must be a float in [0, 1], got {repeat_fraction!r}")
+    check_real(repeat_fraction, "repeat_fraction", low=0, high=1)
     lo, hi = repeat_periods
     if not 1 <= lo <= hi:
         raise ValueError(f"repeat_periods must be (low, high) with 1 <= low <= high, got {repeat_periods!r}")

@@ -15,7 +15,6 @@ Command line (trains on one CPU thread and writes the checkpoint)::
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,10 +23,17 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from attention_core.checkpoint import TrainLog, load_or_train_recipe, recipe_entry, record_in_manifest, save_checkpoint
-from attention_core.language_model import DecoderLM, build_language_model
-from attention_core.progress import progress
+from attention_core.models.language_model import DecoderLM, build_language_model
 from attention_core.shakespeare.data import Corpus, load_corpus, random_batch
+from attention_core.training.checkpoint import (
+    TrainLog,
+    load_or_train_recipe,
+    recipe_entry,
+    record_in_manifest,
+    save_checkpoint,
+)
+from attention_core.training.progress import progress
+from attention_core.training.schedules import cosine_lr
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -80,7 +86,7 @@ class LMRecipe:
     data_seed: int = 1
 
     def config(self, vocab_size: int) -> Dict[str, Any]:
-        """The config dict of :func:`~attention_core.language_model.build_language_model`."""
+        """The config dict of :func:`~attention_core.models.language_model.build_language_model`."""
         return {"vocab_size": vocab_size, "d_model": self.d_model, "num_layers": self.num_layers,
                 "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
                 "dim_feedforward": self.dim_feedforward, "context": self.context, "seed": self.seed}
@@ -91,10 +97,7 @@ RECIPE = LMRecipe()
 
 
 def _lr_at(step: int, recipe: LMRecipe) -> float:
-    if step < recipe.warmup:
-        return recipe.lr * (step + 1) / recipe.warmup
-    frac = (step - recipe.warmup) / max(recipe.steps - recipe.warmup - 1, 1)
-    return recipe.lr * (recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    return cosine_lr(step, lr=recipe.lr, steps=recipe.steps, warmup=recipe.warmup, min_lr_ratio=recipe.min_lr_ratio)
 
 
 def train_language_model(recipe: LMRecipe = RECIPE, corpus: Optional[Corpus] = None,

@@ -32,7 +32,7 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
-from attention_core._checks import check_tensor, fmt_shape
+from attention_core._checks import check_int, check_tensor, fmt_shape
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS: Tuple[str, ...] = (PAD, BOS, EOS, UNK)
@@ -111,10 +111,7 @@ def number_to_words(n: int, use_and: bool = True) -> List[str]:
     With ``use_and`` (British style) "and" follows "hundred" and precedes a final group below 100 when a
     higher group exists; without it (American style) no "and" appears.
     """
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be an int, got {type(n).__name__} {n!r}")
-    if not 0 <= n < 10**MAX_DIGITS:
-        raise ValueError(f"n must be in [0, 10**{MAX_DIGITS}), got {n}")
+    check_int(n, "n", low=0, high=10**MAX_DIGITS, high_open=True)
     if n == 0:
         return ["zero"]
     groups = [(n // 1000**i) % 1000 for i in range(len(SCALES))]  # units, thousands, millions, billions
@@ -140,10 +137,7 @@ class NumberWords:
     """
 
     def __init__(self, max_digits: int = 12, zero_prob: float = 0.25, and_prob: float = 0.5) -> None:
-        if isinstance(max_digits, bool) or not isinstance(max_digits, int):
-            raise TypeError(f"max_digits must be an int, got {type(max_digits).__name__} {max_digits!r}")
-        if not 1 <= max_digits <= MAX_DIGITS:
-            raise ValueError(f"max_digits must be in 1..{MAX_DIGITS}, got {max_digits}")
+        check_int(max_digits, "max_digits", low=1, high=MAX_DIGITS)
         for name, p in (("zero_prob", zero_prob), ("and_prob", and_prob)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")

@@ -10,10 +10,10 @@ The decoders differ in what each step reads:
 
 - :class:`PlainDecoder` (no attention): the context is the encoder's final state, the same at every step,
   the fixed-length bottleneck that attention removes;
-- :class:`BahdanauDecoder`: ``c_t`` from :class:`~attention_core.rnn_attention.AdditiveAttention` queried with
+- :class:`BahdanauDecoder`: ``c_t`` from :class:`~attention_core.models.rnn_attention.AdditiveAttention` queried with
   the previous state ``s_{t-1}``; then ``s_t = GRU([E y_{t-1}; c_t], s_{t-1})``;
 - :class:`LuongDecoder`: ``h_t = GRU([E y_{t-1}; h~_{t-1}], h_{t-1})`` (input feeding), then ``c_t`` from
-  :class:`~attention_core.rnn_attention.LuongAttention` queried with the current ``h_t``, and the attentional
+  :class:`~attention_core.models.rnn_attention.LuongAttention` queried with the current ``h_t``, and the attentional
   state ``h~_t = tanh(W_c [c_t; h_t])`` from which the next token is predicted.
 
 :class:`Seq2Seq` runs a decoder under teacher forcing (``forward``) or greedily (:func:`greedy_decode`), and
@@ -29,9 +29,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attention_core._checks import fmt_shape
+from attention_core._checks import check_int, fmt_shape
 from attention_core.masks import padding_mask
-from attention_core.rnn_attention import AdditiveAttention, LuongAttention
+from attention_core.models.rnn_attention import AdditiveAttention, LuongAttention
 from attention_core.translation.data import BOS_ID, EOS_ID, PAD_ID, check_source_batch
 from attention_core.translation.protocol import EncoderDecoder
 
@@ -175,7 +175,7 @@ class LuongDecoder(_GRUDecoder):
 
     Args:
         vocab_size, embed_dim, hidden_dim, enc_dim: as for :class:`BahdanauDecoder`.
-        score, mode, window: passed to :class:`~attention_core.rnn_attention.LuongAttention`.
+        score, mode, window: passed to :class:`~attention_core.models.rnn_attention.LuongAttention`.
         input_feeding: feed ``h~_{t-1}`` into the next step.
     """
 
@@ -276,8 +276,7 @@ class DecodeResult:
 def greedy_decode(model: EncoderDecoder, src: torch.Tensor, src_valid_lens: torch.Tensor, max_len: int = 20
                   ) -> DecodeResult:
     """Decode by taking the most likely token at each step, until every row emitted ``<eos>``."""
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"max_len must be an int >= 1, got {max_len!r}")
+    check_int(max_len, "max_len", low=1)
     was_training = model.training
     model.eval()
     enc = model.encode(src, src_valid_lens)

@@ -3,12 +3,12 @@
 One path for every model of chapters 3, 4 and 8:
 
 - :func:`train_seq2seq`: teacher forcing, cross-entropy over real target tokens, Adam with a cosine
-  learning-rate decay, gradient-norm clipping, a progress bar (:func:`attention_core.progress.progress`, off
+  learning-rate decay, gradient-norm clipping, a progress bar (:func:`attention_core.training.progress.progress`, off
   when ``AC_PROGRESS=0``). It trains any :class:`~attention_core.translation.EncoderDecoder`, RNN or Transformer.
 - :class:`Recipe` and :data:`RECIPES`: how each of the book's models is built and trained, under stable names
   (``"plain"``, ``"bahdanau"``, ``"luong_dot"``, ``"luong_general"``, ``"luong_concat"``, ``"luong_local_m"``,
   ``"luong_local_p"``, ``"transformer"``, ``"transformer_x2"``).
-- :func:`load_or_train`: the shipped checkpoint (sha256 verified, see :mod:`attention_core.checkpoint`), or a
+- :func:`load_or_train`: the shipped checkpoint (sha256 verified, see :mod:`attention_core.training.checkpoint`), or a
   fresh training run when asked or when the file is missing.
 - the command line, ``python -m attention_core.translation.train NAME [NAME ...] | --all``, which made every
   shipped checkpoint and its record in ``checkpoints/manifest.json`` (sha256, parameters, training time, loss
@@ -18,7 +18,6 @@ One path for every model of chapters 3, 4 and 8:
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -28,7 +27,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from attention_core.checkpoint import (
+from attention_core._checks import check_int
+from attention_core.training.checkpoint import (
     TrainLog,
     load_or_train_recipe,
     read_manifest,
@@ -36,7 +36,8 @@ from attention_core.checkpoint import (
     record_in_manifest,
     save_checkpoint,
 )
-from attention_core.progress import progress
+from attention_core.training.progress import progress
+from attention_core.training.schedules import cosine_lr
 from attention_core.translation.data import PAD_ID, Batch, NumberWords, Pair
 from attention_core.translation.protocol import EncoderDecoder
 from attention_core.translation.rnn import build_rnn_model, count_parameters
@@ -90,8 +91,7 @@ def train_seq2seq(model: EncoderDecoder, batches: Iterator[Batch], steps: int, l
     Returns:
         A :class:`TrainLog`. Runs repeat exactly for the same model init and batches on one CPU thread.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    check_int(steps, "steps", low=1)
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr!r}")
     if not clip > 0:
@@ -106,9 +106,8 @@ def train_seq2seq(model: EncoderDecoder, batches: Iterator[Batch], steps: int, l
     bar = progress(range(steps), desc=desc, **({} if show_progress else {"disable": True}))
     for i in bar:
         if min_lr_ratio is not None:
-            frac = 0.5 * (1 + math.cos(math.pi * i / max(steps - 1, 1)))  # 1 -> 0
             for group in optimizer.param_groups:
-                group["lr"] = lr * (min_lr_ratio + (1 - min_lr_ratio) * frac)
+                group["lr"] = cosine_lr(i, lr=lr, steps=steps, min_lr_ratio=min_lr_ratio)
         batch = next(batches).to(device)
         logits, _ = model(batch.src, batch.src_valid_lens, batch.tgt_in)
         loss = sequence_loss(logits, batch.tgt_out)

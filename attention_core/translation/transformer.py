@@ -1,8 +1,8 @@
 """The encoder-decoder Transformer trained on the number-words task (chapter 8).
 
 :class:`Seq2SeqTransformer` puts the library's blocks together: a source embedding with sinusoidal positions,
-a :class:`~attention_core.transformer.TransformerEncoder`, and a :class:`TokenDecoder` (target embedding,
-positions, a :class:`~attention_core.transformer.TransformerDecoder`, output layer). It speaks the
+a :class:`~attention_core.models.transformer.TransformerEncoder`, and a :class:`TokenDecoder` (target embedding,
+positions, a :class:`~attention_core.models.transformer.TransformerDecoder`, output layer). It speaks the
 :class:`~attention_core.translation.EncoderDecoder` interface of the RNN models (``forward(src, src_valid_lens,
 tgt_in)``, ``encode``, ``decoder.init_state``/``decoder.step``, ``has_attention``), so
 :func:`attention_core.translation.train.train_seq2seq`, :func:`attention_core.translation.rnn.greedy_decode` and
@@ -20,8 +20,7 @@ from torch import nn
 
 from attention_core._checks import check_tensor, fmt_shape
 from attention_core.masks import padding_mask
-from attention_core.positional import SinusoidalPositionalEncoding
-from attention_core.transformer import (
+from attention_core.models.transformer import (
     Activation,
     DecoderOutput,
     TransformerDecoder,
@@ -29,6 +28,7 @@ from attention_core.transformer import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from attention_core.positional import SinusoidalPositionalEncoding
 from attention_core.translation.data import PAD_ID, check_source_batch
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 ``sentence-transformers/all-MiniLM-L6-v2`` is a 6-layer, 12-head, 384-wide BERT encoder whose mean-pooled,
 L2-normalised token vectors are sentence embeddings. Here it is the
-:class:`~attention_core.bert.BertEncoder` of :mod:`attention_core.bert` (the library's
+:class:`~attention_core.models.bert.BertEncoder` of :mod:`attention_core.models.bert` (the library's
 :class:`~attention_core.MultiHeadAttention` inside post-LN encoder layers), its weights read straight from
 ``model.safetensors``, and it reproduces the reference libraries (``transformers.BertModel`` and
 ``sentence_transformers``) to float32 rounding on every real token (tests/test_pretrained.py).
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_core._checks import check_tensor, fmt_shape
-from attention_core.bert import (
+from attention_core._checks import check_int, check_tensor, fmt_shape
+from attention_core.models.bert import (
     BertConfig,
     BertEncoder,
     BertOutput,
@@ -149,8 +149,7 @@ class MiniLM(nn.Module):
         limit = self.config.max_position_embeddings
         if max_length is None:
             max_length = limit
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or not 2 < max_length <= limit:
-            raise ValueError(f"max_length must be an int in [3, {limit}] (the position table), got {max_length!r}")
+        check_int(max_length, "max_length", low=3, high=limit, note="(the position table)")
         encs = self.tokenizer.encode_batch(list(sentences))
         ids = [e.ids for e in encs]
         for i, row in enumerate(ids):

@@ -80,7 +80,57 @@ def _torch_activation_name(activation: object) -> Activation:
     return activation  # any other callable is used as is
 
 
-class TransformerEncoderLayer(nn.Module):
+class _SublayerStack(nn.Module):
+    """What the encoder and decoder layers share: torch's names for the feed-forward network and the norms
+    (``linear1``, ``linear2``, ``norm1..n``, ``dropout``), its activation handling, and the weight copy from
+    torch's layers. The attention sublayers are the subclass's own, made before :meth:`_build`."""
+
+    def _build(self, d_model: int, dim_feedforward: int, dropout: float, activation: Activation, norm_first: bool,
+               layer_norm_eps: float, bias: bool, n_norms: int) -> None:
+        self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias)
+        self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)
+        for i in range(1, n_norms + 1):
+            setattr(self, f"norm{i}", nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
+        self.dropout = nn.Dropout(dropout)  # inside the feed-forward network
+        for i in range(1, n_norms + 1):  # after each sublayer
+            setattr(self, f"dropout{i}", nn.Dropout(dropout))
+        self.norm_first = norm_first
+        self.activation_name, self.activation = _resolve_activation(activation)
+        self.d_model = d_model
+        self._n_norms = n_norms
+
+    def extra_repr(self) -> str:
+        return f"norm_first={self.norm_first}, activation={self.activation_name!r}"
+
+    def _ff_block(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward sublayer with the dropout after it (the last sublayer's)."""
+        after = getattr(self, f"dropout{self._n_norms}")
+        return after(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    @classmethod
+    def _from_torch_layer(cls, layer: nn.Module, torch_cls: type, attn_names: Tuple[str, ...]) -> nn.Module:
+        if not isinstance(layer, torch_cls):
+            raise TypeError(f"layer must be a torch.nn.{torch_cls.__name__}, got {type(layer).__name__}")
+        mha = getattr(layer, attn_names[0])
+        ours = cls(
+            d_model=mha.embed_dim,
+            num_heads=mha.num_heads,
+            dim_feedforward=layer.linear1.out_features,
+            dropout=float(layer.dropout.p),
+            activation=_torch_activation_name(layer.activation),
+            norm_first=bool(layer.norm_first),
+            layer_norm_eps=float(layer.norm1.eps),
+            bias=layer.linear1.bias is not None,
+        )
+        for name in attn_names:
+            setattr(ours, name, MultiHeadAttention.from_torch(getattr(layer, name)))
+        for name in ("linear1", "linear2", *(f"norm{i}" for i in range(1, ours._n_norms + 1))):
+            getattr(ours, name).load_state_dict(getattr(layer, name).state_dict())
+        p = next(layer.parameters())
+        return ours.to(device=p.device, dtype=p.dtype).train(layer.training)
+
+
+class TransformerEncoderLayer(_SublayerStack):
     """One encoder block: self-attention + feed-forward, residuals, post-LN or pre-LN.
 
     Args:
@@ -110,26 +160,12 @@ class TransformerEncoderLayer(nn.Module):
         check_positive_int(dim_feedforward, "dim_feedforward")
         check_bool_flag(norm_first, "norm_first")
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
-        self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias)
-        self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.dropout = nn.Dropout(dropout)  # inside the feed-forward network
-        self.dropout1 = nn.Dropout(dropout)  # after self-attention
-        self.dropout2 = nn.Dropout(dropout)  # after the feed-forward network
-        self.norm_first = norm_first
-        self.activation_name, self.activation = _resolve_activation(activation)
-        self.d_model = d_model
-
-    def extra_repr(self) -> str:
-        return f"norm_first={self.norm_first}, activation={self.activation_name!r}"
+        self._build(d_model, dim_feedforward, dropout, activation, norm_first, layer_norm_eps, bias, n_norms=2)
 
     def _sa_block(self, x: torch.Tensor, **attn_kwargs: object) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         out, weights = self.self_attn(x, **attn_kwargs)
         return self.dropout1(out), weights
 
-    def _ff_block(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
     def forward(
         self,
@@ -177,24 +213,7 @@ class TransformerEncoderLayer(nn.Module):
         PyTorch's layer may be ``batch_first=False``; ours always takes (B, L, D), so transpose its
         input. Its masks use True = blocked; ours True = attend.
         """
-        if not isinstance(layer, nn.TransformerEncoderLayer):
-            raise TypeError(f"layer must be a torch.nn.TransformerEncoderLayer, got {type(layer).__name__}")
-        mha = layer.self_attn
-        ours = cls(
-            d_model=mha.embed_dim,
-            num_heads=mha.num_heads,
-            dim_feedforward=layer.linear1.out_features,
-            dropout=float(layer.dropout.p),
-            activation=_torch_activation_name(layer.activation),
-            norm_first=bool(layer.norm_first),
-            layer_norm_eps=float(layer.norm1.eps),
-            bias=layer.linear1.bias is not None,
-        )
-        ours.self_attn = MultiHeadAttention.from_torch(mha)
-        for name in ("linear1", "linear2", "norm1", "norm2"):
-            getattr(ours, name).load_state_dict(getattr(layer, name).state_dict())
-        p = next(layer.parameters())
-        return ours.to(device=p.device, dtype=p.dtype).train(layer.training)
+        return cls._from_torch_layer(layer, nn.TransformerEncoderLayer, ("self_attn",))
 
 
 @dataclass
@@ -303,7 +322,7 @@ class DecoderWeights(NamedTuple):
     cross_attn: torch.Tensor
 
 
-class TransformerDecoderLayer(nn.Module):
+class TransformerDecoderLayer(_SublayerStack):
     """One decoder block: masked self-attention, cross-attention, feed-forward; post-LN or pre-LN.
 
     Args:
@@ -334,20 +353,7 @@ class TransformerDecoderLayer(nn.Module):
         check_bool_flag(norm_first, "norm_first")
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
         self.multihead_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
-        self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias)
-        self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)
-        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias) for _ in range(3))
-        self.dropout = nn.Dropout(dropout)  # inside the feed-forward network
-        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))  # after each sublayer
-        self.norm_first = norm_first
-        self.activation_name, self.activation = _resolve_activation(activation)
-        self.d_model = d_model
-
-    def extra_repr(self) -> str:
-        return f"norm_first={self.norm_first}, activation={self.activation_name!r}"
-
-    def _ff_block(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        self._build(d_model, dim_feedforward, dropout, activation, norm_first, layer_norm_eps, bias, n_norms=3)
 
     def forward(
         self,
@@ -408,25 +414,7 @@ class TransformerDecoderLayer(nn.Module):
         Raises:
             TypeError: ``layer`` is not a ``torch.nn.TransformerDecoderLayer``.
         """
-        if not isinstance(layer, nn.TransformerDecoderLayer):
-            raise TypeError(f"layer must be a torch.nn.TransformerDecoderLayer, got {type(layer).__name__}")
-        sa = layer.self_attn
-        ours = cls(
-            d_model=sa.embed_dim,
-            num_heads=sa.num_heads,
-            dim_feedforward=layer.linear1.out_features,
-            dropout=float(layer.dropout.p),
-            activation=_torch_activation_name(layer.activation),
-            norm_first=bool(layer.norm_first),
-            layer_norm_eps=float(layer.norm1.eps),
-            bias=layer.linear1.bias is not None,
-        )
-        ours.self_attn = MultiHeadAttention.from_torch(sa)
-        ours.multihead_attn = MultiHeadAttention.from_torch(layer.multihead_attn)
-        for name in ("linear1", "linear2", "norm1", "norm2", "norm3"):
-            getattr(ours, name).load_state_dict(getattr(layer, name).state_dict())
-        p = next(layer.parameters())
-        return ours.to(device=p.device, dtype=p.dtype).train(layer.training)
+        return cls._from_torch_layer(layer, nn.TransformerDecoderLayer, ("self_attn", "multihead_attn"))
 
 
 @dataclass

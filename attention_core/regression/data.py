@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attention_core._checks import check_int
+
 __all__ = ["RegressionData", "make_regression_data", "regression_target"]
 
 X_MIN, X_MAX = 0.0, 5.0
@@ -71,10 +73,8 @@ def make_regression_data(
     Returns:
         A :class:`RegressionData`.
     """
-    if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
-        raise ValueError(f"n_train must be an int >= 1, got {n_train!r}")
-    if isinstance(n_test, bool) or not isinstance(n_test, int) or n_test < 2:
-        raise ValueError(f"n_test must be an int >= 2, got {n_test!r}")
+    check_int(n_train, "n_train", low=1)
+    check_int(n_test, "n_test", low=2)
     if not isinstance(noise, (int, float)) or isinstance(noise, bool) or not noise >= 0:
         raise ValueError(f"noise must be a float >= 0, got {noise!r}")
     if not dtype.is_floating_point:

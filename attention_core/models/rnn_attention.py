@@ -23,7 +23,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
-from attention_core._checks import check_tensor, fmt_shape
+from attention_core._checks import check_int, check_tensor, fmt_shape
 from attention_core.functional import masked_softmax
 from attention_core.scoring import AdditiveScore, ConcatScore, GeneralScore, dot_score
 
@@ -41,11 +41,7 @@ LUONG_MODES = ("global", "local-m", "local-p")
 
 
 def _check_dim(x: object, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__} {x!r}")
-    if x < 1:
-        raise ValueError(f"{name} must be >= 1, got {x}")
-    return x
+    return check_int(x, name, low=1)
 
 
 def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: Optional[torch.Tensor],
@@ -174,10 +170,7 @@ def local_attention_weights(scores: torch.Tensor, center: torch.Tensor, window: 
     Returns:
         (B, L, S) weights.
     """
-    if isinstance(window, bool) or not isinstance(window, int):
-        raise TypeError(f"window must be an int (the half-width D), got {type(window).__name__} {window!r}")
-    if window < 0:
-        raise ValueError(f"window must be >= 0 (the half-width D), got {window}")
+    check_int(window, "window", low=0, note="(the half-width D)")
     B, L, S = scores.shape
     if center.shape != (B, L):
         raise ValueError(f"center must be (B, L) = {(B, L)}, got shape {fmt_shape(center.shape)}")
@@ -227,10 +220,7 @@ class LuongAttention(nn.Module):
             raise ValueError(f"score must be one of {LUONG_SCORES}, got {score!r}")
         if mode not in LUONG_MODES:
             raise ValueError(f"mode must be one of {LUONG_MODES}, got {mode!r}")
-        if isinstance(window, bool) or not isinstance(window, int):
-            raise TypeError(f"window must be an int (the half-width D), got {type(window).__name__} {window!r}")
-        if window < 0:
-            raise ValueError(f"window must be >= 0 (the half-width D), got {window}")
+        check_int(window, "window", low=0, note="(the half-width D)")
         if score == "dot" and query_dim != key_dim:
             raise ValueError(f"score='dot' needs query_dim == key_dim, got query_dim={query_dim} and "
                              f"key_dim={key_dim}; use score='general' or 'concat' for different sizes")

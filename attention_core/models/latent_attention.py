@@ -22,15 +22,15 @@ No biases anywhere (DeepSeek-V2 has none), so the absorption is exact.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
 from attention_core._checks import check_bool_flag, check_floating, check_positive_int, check_tensor, fmt_shape
-from attention_core.functional import attention_with_weights, scaled_dot_product_attention
-from attention_core.language_model import cached_causal_mask
+from attention_core.backends.inputs import scale_or_default
+from attention_core.functional import attention
+from attention_core.models.language_model import cached_causal_mask
 from attention_core.positional import RotaryEmbedding
 
 __all__ = ["LatentCache", "MultiHeadLatentAttention", "mla_cache_elements"]
@@ -121,7 +121,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.q_rope = nn.Linear(q_in, H * rope_dim, bias=False)  # W_QR: rotary queries, one per head
         self.out_proj = nn.Linear(H * E, embed_dim, bias=False)  # W_O
         self.rotary = RotaryEmbedding(rope_dim, max_len=max_positions, base=rope_base)
-        self.scale = 1.0 / math.sqrt(E + rope_dim)
+        self.scale = scale_or_default(None, E + rope_dim)
 
     def absorbed_weights(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """``W_UK`` folded into the query side and ``W_UV`` into the output projection.
@@ -217,6 +217,4 @@ class MultiHeadLatentAttention(nn.Module):
     def _attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
                 is_causal: bool, need_weights: bool, gqa: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         args = (query, key, value, mask, 0.0, is_causal, self.scale, gqa)
-        if need_weights:
-            return attention_with_weights(*args)
-        return scaled_dot_product_attention(*args), None
+        return attention(*args, need_weights=need_weights)

@@ -28,15 +28,23 @@ Sampling (:func:`sample_next_token`, :func:`generate`): greedy (``temperature=0`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_core._checks import check_bool_flag, check_floating, check_positive_int, check_tensor, fmt_shape
-from attention_core.functional import attention_with_weights, scaled_dot_product_attention
+from attention_core._checks import (
+    check_bool_flag,
+    check_floating,
+    check_int,
+    check_positive_int,
+    check_real,
+    check_tensor,
+    fmt_shape,
+)
+from attention_core.functional import attention
 from attention_core.masks import sliding_window_mask
 from attention_core.multihead import MultiHeadAttention
 from attention_core.positional import RotaryEmbedding
@@ -45,6 +53,7 @@ __all__ = [
     "DecoderBlock",
     "DecoderLM",
     "KVCache",
+    "LMConfig",
     "LMOutput",
     "CausalSelfAttention",
     "build_language_model",
@@ -232,10 +241,7 @@ class CausalSelfAttention(MultiHeadAttention):
         q = rotary.rotate(q, offset=k.shape[2] - L, name="query")  # queries sit at the last L slots
         k = rotary.rotate(k, offset=0, name="key")  # keys at slots 0 .. S - 1
         args = (q, k, v, mask, 0.0, is_causal)
-        if need_weights:
-            out, weights = attention_with_weights(*args, enable_gqa=H != Hq)
-        else:
-            out, weights = scaled_dot_product_attention(*args, enable_gqa=H != Hq), None
+        out, weights = attention(*args, enable_gqa=H != Hq, need_weights=need_weights)
         out = out.transpose(1, 2).reshape(B, L, Hq * E)  # (B, Hq, L, E) -> (B, L, D)
         return self.out_proj(out), weights
 
@@ -401,26 +407,61 @@ class DecoderLM(nn.Module):
         return LMOutput(torch.cat(logits, dim=1))  # (B, L, V)
 
 
-def build_language_model(config: Dict[str, Any]) -> DecoderLM:
-    """A :class:`DecoderLM` from a config dict (its keys are the constructor's arguments, plus ``seed`` for the
-    initialisation); the model keeps the dict as ``model.config`` so that checkpoints can rebuild it.
+@dataclass(frozen=True)
+class LMConfig:
+    """The shape of a :class:`DecoderLM` (its constructor's arguments) and the seed of its initialisation.
+
+    ``LMConfig(**model.config)`` rebuilds the config a checkpoint stores; ``None`` for ``num_kv_heads`` and
+    ``dim_feedforward`` means ``num_heads`` and ``4 * d_model``, for ``seed`` the global generator.
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: Optional[int] = None
+    dim_feedforward: Optional[int] = None
+    context: int = 128
+    max_positions: int = 8192
+    rope_base: float = 10000.0
+    seed: Optional[int] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The fields that differ from ``None``, as a checkpoint's ``config`` records them."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+def build_language_model(config: Union[LMConfig, Dict[str, Any]]) -> DecoderLM:
+    """A :class:`DecoderLM` from an :class:`LMConfig` or a dict of its fields; the model keeps the config as a
+    dict, ``model.config``, so that checkpoints can rebuild it.
 
     With a ``seed``, the weights are drawn from a generator seeded with it inside ``torch.random.fork_rng``:
     torch's global generator is left exactly as it was (loading a checkpoint does not reseed the caller's
-    random numbers). Without one, the initialisation draws from the global generator, as ``nn.Linear`` does."""
-    if not isinstance(config, dict):
-        raise TypeError(f"config must be a dict, got {type(config).__name__}")
-    kwargs = {k: v for k, v in config.items() if k != "seed"}
-    if "seed" not in config:
+    random numbers). Without one, the initialisation draws from the global generator, as ``nn.Linear`` does.
+
+    Raises:
+        TypeError: ``config`` is neither, or a dict with a key that is not a field of :class:`LMConfig`.
+    """
+    if isinstance(config, dict):
+        unknown = sorted(set(config) - {f.name for f in fields(LMConfig)})
+        if unknown:
+            raise TypeError(f"config has keys that are not LMConfig fields: {unknown}")
+        if "vocab_size" not in config:
+            raise TypeError("config must give vocab_size")
+        recorded, config = dict(config), LMConfig(**config)
+    elif isinstance(config, LMConfig):
+        recorded = config.to_dict()
+    else:
+        raise TypeError(f"config must be an LMConfig or a dict, got {type(config).__name__}")
+    kwargs = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "seed"}
+    if config.seed is None:
         model = DecoderLM(**kwargs)
     else:
-        seed = config["seed"]
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"config['seed'] must be an int, got {type(seed).__name__} {seed!r}")
+        check_int(config.seed, "config['seed']")
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.manual_seed(config.seed)
             model = DecoderLM(**kwargs)
-    model.config = dict(config)
+    model.config = recorded
     return model
 
 
@@ -438,8 +479,7 @@ def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Nucleus filter: keep the fewest most likely tokens whose probabilities sum to at least ``p``."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-        raise ValueError(f"top_p must be a float in (0, 1], got {p!r}")
+    check_real(p, "top_p", low=0, high=1, low_open=True)
     probs, order = logits.softmax(-1).sort(dim=-1, descending=True)  # (..., V) each
     before = probs.cumsum(-1) - probs  # probability mass of the more likely tokens
     drop_sorted = before >= p  # the set already reached p without this token
@@ -457,8 +497,7 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: Opt
     check_floating(logits, "logits")
     if logits.device.type == "meta":
         raise ValueError("logits is a meta tensor: it has no values to sample from")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
-        raise ValueError(f"temperature must be a finite float >= 0, got {temperature!r}")
+    check_real(temperature, "temperature", low=0)
     if logits.numel():
         if logits.isnan().any() or (logits == math.inf).any():
             rows = (logits.isnan() | (logits == math.inf)).any(-1).nonzero().flatten().tolist()

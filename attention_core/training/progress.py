@@ -27,7 +27,9 @@ def progress(iterable: Iterable[T], **kwargs: Any) -> Iterator[T]:
     Keyword arguments go to ``tqdm.auto.tqdm`` (e.g. ``desc=``, ``total=``); an explicit ``disable=``
     wins over the environment.
     """
-    from tqdm.auto import tqdm
-
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # the core installs without tqdm (it comes with the `book` extra): no bar, same loop
+        return iter(iterable)
     kwargs.setdefault("disable", not progress_enabled())
     return tqdm(iterable, **kwargs)

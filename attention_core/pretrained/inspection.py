@@ -1,6 +1,6 @@
 """Looking inside a trained encoder: attention entropy, attention received, gradient x input, a head explorer.
 
-These work on what :class:`~attention_core.bert.BertEncoder` returns (per-layer attention weights
+These work on what :class:`~attention_core.models.bert.BertEncoder` returns (per-layer attention weights
 (B, H, L, L) and an ``attention_mask`` (B, L)), and are what chapter 10 plots for MiniLM:
 
 - :func:`attention_entropy`: how spread out each head's weights are, averaged over the real queries;
@@ -20,8 +20,8 @@ from typing import Callable, Sequence, Tuple
 import torch
 
 from attention_core._checks import check_tensor, fmt_shape
-from attention_core.bert import BertEncoder, BertOutput
 from attention_core.functional import weights_entropy
+from attention_core.models.bert import BertEncoder, BertOutput
 from attention_core.multihead import MultiHeadAttention
 
 __all__ = [
@@ -120,7 +120,7 @@ def gradient_x_input(
         model: the encoder (put in eval mode by the caller; its parameters get no gradient).
         input_ids: (B, L) token ids.
         attention_mask: (B, L), True/1 on real tokens.
-        score: maps the model's :class:`~attention_core.bert.BertOutput` to a scalar tensor.
+        score: maps the model's :class:`~attention_core.models.bert.BertOutput` to a scalar tensor.
 
     Returns:
         ``(attributions, score)``: (B, L) attributions (0 on padding) and the score's value.

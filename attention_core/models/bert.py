@@ -1,10 +1,10 @@
 """BERT, the encoder, assembled from the library's blocks: embeddings, post-LN layers, pooler.
 
 BERT (Devlin et al., 2019) is a stack of post-LN Transformer encoder layers over word + position + segment
-embeddings. Here every layer is a :class:`~attention_core.transformer.TransformerEncoderLayer` (post-LN,
+embeddings. Here every layer is a :class:`~attention_core.models.transformer.TransformerEncoderLayer` (post-LN,
 exact GELU) whose self-attention is :class:`~attention_core.MultiHeadAttention`, so any attention backend
 of the library runs inside it. :func:`convert_bert_state_dict` renames a Hugging Face BERT checkpoint's
-tensors to this model's parameter names; :mod:`attention_core.pretrained` loads a real one (MiniLM).
+tensors to this model's parameter names; :mod:`attention_core.pretrained.minilm` loads a real one (MiniLM).
 
 Inputs are validated at the edge: ``input_ids`` must be a padded (B, L) integer tensor (a ragged Python
 list gets a ``TypeError`` pointing at :meth:`attention_core.pretrained.MiniLM.tokenize`), ``L`` at most
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from attention_core._checks import check_tensor, fmt_shape
-from attention_core.transformer import TransformerEncoder, TransformerEncoderLayer
+from attention_core.models.transformer import TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
     "BertConfig",

@@ -1,0 +1,8 @@
+"""What every task wing's training shares: checkpoints with a sha256 manifest, progress bars, schedules.
+
+- :mod:`~attention_core.training.checkpoint`: save and load a model with its recipe, checksums, manifest;
+- :mod:`~attention_core.training.progress`: one progress bar (tqdm where installed, silent otherwise);
+- :mod:`~attention_core.training.schedules`: the learning-rate schedules of the recipes.
+
+It imports nothing else from the package, so any room may use it.
+"""

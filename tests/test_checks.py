@@ -1,0 +1,56 @@
+"""The argument-check helpers every public function uses: TypeError for a wrong type, ValueError for a wrong
+value, the message naming the argument, what was seen and what was expected."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attention_core._checks import check_int, check_real
+
+
+@pytest.mark.parametrize("x", [1.0, "3", None, True, False, np.float64(2.0)])
+def test_check_int_refuses_other_types_with_a_type_error(x) -> None:
+    with pytest.raises(TypeError, match=r"^n must be an int >= 1, got "):
+        check_int(x, "n", low=1)
+
+
+@pytest.mark.parametrize("x, kw, text", [
+    (0, dict(low=1), "n must be an int >= 1, got 0"),
+    (5, dict(low=0, high=5, high_open=True), r"n must be an int in \[0, 5\), got 5"),
+    (6, dict(low=1, high=5), r"n must be an int in \[1, 5\], got 6"),
+    (-1, dict(low=0, note="(the half-width D)"), r"n must be an int >= 0 \(the half-width D\), got -1"),
+])
+def test_check_int_range(x, kw, text) -> None:
+    with pytest.raises(ValueError, match=text):
+        check_int(x, "n", **kw)
+
+
+def test_check_int_accepts_the_bounds() -> None:
+    assert check_int(1, "n", low=1, high=1) == 1
+    assert check_int(4, "n", low=0, high=5, high_open=True) == 4
+    assert check_int(-7, "n") == -7
+
+
+@pytest.mark.parametrize("x", ["0.5", None, True, [0.5]])
+def test_check_real_refuses_other_types_with_a_type_error(x) -> None:
+    with pytest.raises(TypeError, match=r"^p must be a float in \(0, 1\], got "):
+        check_real(x, "p", low=0, high=1, low_open=True)
+
+
+@pytest.mark.parametrize("x", [0, 0.0, 1.5, math.nan, math.inf, -math.inf])
+def test_check_real_range_and_finiteness(x) -> None:
+    with pytest.raises(ValueError, match=r"^p must be a float in \(0, 1\], got "):
+        check_real(x, "p", low=0, high=1, low_open=True)
+
+
+def test_check_real_accepts_numbers_of_every_kind() -> None:
+    assert check_real(1, "p", low=0, high=1, low_open=True) == 1.0
+    assert check_real(np.float32(0.5), "p", low=0, high=1) == 0.5
+    assert check_real(0, "t", low=0) == 0.0
+    with pytest.raises(ValueError, match="t must be a finite float >= 0, got inf"):
+        check_real(math.inf, "t", low=0)
+    with pytest.raises(ValueError, match="big must be a finite float"):
+        check_real(10**400, "big")
