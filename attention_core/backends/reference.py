@@ -118,19 +118,9 @@ def _weights(
     return softmax_with_mask(attention_scores(query, key, scale, enable_gqa), attn_mask)
 
 
-def attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    scale: float,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """Backend entry point: the output of :func:`attention_with_weights`, (B, Hq, L, Ev)."""
-    out, _ = attention_with_weights(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return out
+def attention(*args: object) -> torch.Tensor:
+    """The output alone of :func:`attention_with_weights` (same arguments, SDPA order): (B, Hq, L, Ev)."""
+    return attention_with_weights(*args)[0]
 
 
 def supports(inputs: AttentionInputs) -> str | None:

@@ -80,13 +80,48 @@ def _torch_activation_name(activation: object) -> Activation:
     return activation  # any other callable is used as is
 
 
+def _stack(layer: Union[nn.Module, Callable[[], nn.Module]], num_layers: int, kind: type, name: str
+           ) -> nn.ModuleList:
+    """``num_layers`` deep copies of ``layer`` (as PyTorch's stacks do), or ``num_layers`` calls of a factory."""
+    check_positive_int(num_layers, "num_layers")
+    if isinstance(layer, kind):
+        return nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
+    if not callable(layer):
+        raise TypeError(f"{name} must be a {kind.__name__} or a factory returning one, got {type(layer).__name__}")
+    layers = [layer() for _ in range(num_layers)]
+    bad = [type(m).__name__ for m in layers if not isinstance(m, kind)]
+    if bad:
+        raise TypeError(f"{name} factory must return {kind.__name__}, got {bad[0]}")
+    return nn.ModuleList(layers)
+
+
 class _SublayerStack(nn.Module):
     """What the encoder and decoder layers share: torch's names for the feed-forward network and the norms
     (``linear1``, ``linear2``, ``norm1..n``, ``dropout``), its activation handling, and the weight copy from
-    torch's layers. The attention sublayers are the subclass's own, made before :meth:`_build`."""
+    torch's layers. A subclass names its attention sublayers in ``_ATTENTION``."""
 
-    def _build(self, d_model: int, dim_feedforward: int, dropout: float, activation: Activation, norm_first: bool,
-               layer_norm_eps: float, bias: bool, n_norms: int) -> None:
+    #: the attention sublayers, by torch's names, each a MultiHeadAttention; one LayerNorm and dropout follow each,
+    #: and one more of each the feed-forward network
+    _ATTENTION: Tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.0,
+        activation: Activation = "gelu",
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        check_positive_int(d_model, "d_model")
+        check_positive_int(dim_feedforward, "dim_feedforward")
+        check_bool_flag(norm_first, "norm_first")
+        for name in self._ATTENTION:  # made first, in this order: the same draws from the generator as before
+            setattr(self, name, MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias))
+        n_norms = len(self._ATTENTION) + 1
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias)
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)
         for i in range(1, n_norms + 1):
@@ -108,10 +143,10 @@ class _SublayerStack(nn.Module):
         return after(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
     @classmethod
-    def _from_torch_layer(cls, layer: nn.Module, torch_cls: type, attn_names: Tuple[str, ...]) -> nn.Module:
+    def _from_torch_layer(cls, layer: nn.Module, torch_cls: type) -> nn.Module:
         if not isinstance(layer, torch_cls):
             raise TypeError(f"layer must be a torch.nn.{torch_cls.__name__}, got {type(layer).__name__}")
-        mha = getattr(layer, attn_names[0])
+        mha = getattr(layer, cls._ATTENTION[0])
         ours = cls(
             d_model=mha.embed_dim,
             num_heads=mha.num_heads,
@@ -122,7 +157,7 @@ class _SublayerStack(nn.Module):
             layer_norm_eps=float(layer.norm1.eps),
             bias=layer.linear1.bias is not None,
         )
-        for name in attn_names:
+        for name in cls._ATTENTION:
             setattr(ours, name, MultiHeadAttention.from_torch(getattr(layer, name)))
         for name in ("linear1", "linear2", *(f"norm{i}" for i in range(1, ours._n_norms + 1))):
             getattr(ours, name).load_state_dict(getattr(layer, name).state_dict())
@@ -144,23 +179,7 @@ class TransformerEncoderLayer(_SublayerStack):
         bias: biases in the linear layers and the LayerNorms.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.0,
-        activation: Activation = "gelu",
-        norm_first: bool = False,
-        layer_norm_eps: float = 1e-5,
-        bias: bool = True,
-    ) -> None:
-        super().__init__()
-        check_positive_int(d_model, "d_model")
-        check_positive_int(dim_feedforward, "dim_feedforward")
-        check_bool_flag(norm_first, "norm_first")
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
-        self._build(d_model, dim_feedforward, dropout, activation, norm_first, layer_norm_eps, bias, n_norms=2)
+    _ATTENTION = ("self_attn",)
 
     def _sa_block(self, x: torch.Tensor, **attn_kwargs: object) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         out, weights = self.self_attn(x, **attn_kwargs)
@@ -213,7 +232,7 @@ class TransformerEncoderLayer(_SublayerStack):
         PyTorch's layer may be ``batch_first=False``; ours always takes (B, L, D), so transpose its
         input. Its masks use True = blocked; ours True = attend.
         """
-        return cls._from_torch_layer(layer, nn.TransformerEncoderLayer, ("self_attn",))
+        return cls._from_torch_layer(layer, nn.TransformerEncoderLayer)
 
 
 @dataclass
@@ -249,20 +268,7 @@ class TransformerEncoder(nn.Module):
         norm: Optional[nn.Module] = None,
     ) -> None:
         super().__init__()
-        check_positive_int(num_layers, "num_layers")
-        if isinstance(encoder_layer, TransformerEncoderLayer):
-            layers: List[nn.Module] = [copy.deepcopy(encoder_layer) for _ in range(num_layers)]
-        elif callable(encoder_layer):
-            layers = [encoder_layer() for _ in range(num_layers)]
-            bad = [type(m).__name__ for m in layers if not isinstance(m, TransformerEncoderLayer)]
-            if bad:
-                raise TypeError(f"encoder_layer factory must return TransformerEncoderLayer, got {bad[0]}")
-        else:
-            raise TypeError(
-                "encoder_layer must be a TransformerEncoderLayer or a factory returning one, "
-                f"got {type(encoder_layer).__name__}"
-            )
-        self.layers = nn.ModuleList(layers)
+        self.layers = _stack(encoder_layer, num_layers, TransformerEncoderLayer, "encoder_layer")
         self.norm = norm
         self.num_layers = num_layers
 
@@ -336,24 +342,7 @@ class TransformerDecoderLayer(_SublayerStack):
         bias: biases in the linear layers and LayerNorms.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.0,
-        activation: Activation = "gelu",
-        norm_first: bool = False,
-        layer_norm_eps: float = 1e-5,
-        bias: bool = True,
-    ) -> None:
-        super().__init__()
-        check_positive_int(d_model, "d_model")
-        check_positive_int(dim_feedforward, "dim_feedforward")
-        check_bool_flag(norm_first, "norm_first")
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
-        self.multihead_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
-        self._build(d_model, dim_feedforward, dropout, activation, norm_first, layer_norm_eps, bias, n_norms=3)
+    _ATTENTION = ("self_attn", "multihead_attn")
 
     def forward(
         self,
@@ -414,7 +403,7 @@ class TransformerDecoderLayer(_SublayerStack):
         Raises:
             TypeError: ``layer`` is not a ``torch.nn.TransformerDecoderLayer``.
         """
-        return cls._from_torch_layer(layer, nn.TransformerDecoderLayer, ("self_attn", "multihead_attn"))
+        return cls._from_torch_layer(layer, nn.TransformerDecoderLayer)
 
 
 @dataclass
@@ -449,17 +438,7 @@ class TransformerDecoder(nn.Module):
         norm: Optional[nn.Module] = None,
     ) -> None:
         super().__init__()
-        check_positive_int(num_layers, "num_layers")
-        if isinstance(decoder_layer, TransformerDecoderLayer):
-            layers: List[nn.Module] = [copy.deepcopy(decoder_layer) for _ in range(num_layers)]
-        elif callable(decoder_layer):
-            layers = [decoder_layer() for _ in range(num_layers)]
-            if not all(isinstance(m, TransformerDecoderLayer) for m in layers):
-                raise TypeError("decoder_layer factory must return TransformerDecoderLayer instances")
-        else:
-            raise TypeError("decoder_layer must be a TransformerDecoderLayer or a factory returning one, "
-                            f"got {type(decoder_layer).__name__}")
-        self.layers = nn.ModuleList(layers)
+        self.layers = _stack(decoder_layer, num_layers, TransformerDecoderLayer, "decoder_layer")
         self.norm = norm
         self.num_layers = num_layers
 
