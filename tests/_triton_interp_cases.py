@@ -49,7 +49,8 @@ TILE_CASES = {
 }
 #: Checks that are not a parity case.
 EXTRA = ["import_is_lazy", "no_keys", "non_contiguous_inputs", "lse_matches_logsumexp", "registry_dispatch",
-         "refuses_bf16_and_masks", "nonfinite_policy", "gqa_split", "int64_row_offsets", "tile_ranges_brute_force"]
+         "refuses_bf16_and_masks", "nonfinite_policy", "gqa_split", "int64_row_offsets", "tile_ranges_brute_force",
+         "compile_fullgraph"]
 NAMES = list(CASES) + list(TILE_CASES) + EXTRA
 
 TOL = {"float32": (2e-5, 2e-5), "float16": (4e-3, 1e-2)}  # (forward, backward)
@@ -139,6 +140,31 @@ def run_extra(name: str, seed: int) -> dict:
         ref, dq, dk, dv, _ = _oracle(q, k, v, True, None, 32 ** -0.5, grad_out)
         err = max(_max_err(out, ref), _max_err(q.grad, dq), _max_err(k.grad, dk), _max_err(v.grad, dv))
         return {"ok": err <= 2e-5, "detail": f"seed={seed} max_err={err:.1e}"}
+    if name == "compile_fullgraph":  # the kernels are custom operators: one graph, fake shapes, same numbers
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        import attention_core as ac
+
+        q, k, v = (torch.randn(1, 4, 33, 16, generator=g, requires_grad=True) for _ in range(3))
+        k2, v2 = (t.detach()[:, :2].clone().requires_grad_() for t in (k, v))  # GQA: 2 key/value heads
+
+        def f(q, k, v):
+            return ac.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, backend="triton")
+
+        torch._dynamo.reset()
+        compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+        want = torch.autograd.grad(f(q, k2, v2).square().sum(), (q, k2, v2))
+        got_out = compiled(q, k2, v2)
+        got = torch.autograd.grad(got_out.square().sum(), (q, k2, v2))
+        err = max(_max_err(a, b) for a, b in zip(got, want))
+        err = max(err, _max_err(got_out, f(q, k2, v2)))
+        with FakeTensorMode():
+            fq = torch.empty(2, 4, 7, 16)
+            fout, flse = torch.ops.attention_core.triton_flash_forward(fq, fq[:, :2], torch.empty(2, 2, 7, 8), 0.25,
+                                                                       0, 7)
+        shapes = (tuple(fout.shape), tuple(flse.shape), flse.dtype)
+        ok = err <= 2e-5 and shapes == ((2, 4, 7, 8), (2, 4, 7), torch.float32)
+        return {"ok": ok, "detail": f"seed={seed} max_err={err:.1e}; fake shapes {shapes}"}
     if name == "lse_matches_logsumexp":
         q, k, v = (torch.randn(1, 2, 40, 16, generator=g) for _ in range(3))
         scale = 0.25

@@ -1,9 +1,11 @@
 """The attention path is compile- and transform-friendly: no branch on a tensor's value, no host sync.
 
-``torch.compile(fullgraph=True)`` (the ``eager`` and ``aot_eager`` backends: they trace the same graph as
-inductor without generating code) and ``torch.func.vmap`` over :func:`attention_core.scaled_dot_product_attention`
-give the eager answers for the ``reference``, ``torch`` and ``chunked`` backends, the non-finite policy
-included. ``chunked`` is a custom operator; its fake implementation is checked on shapes alone.
+``torch.compile(fullgraph=True)`` (the ``eager`` and ``aot_eager`` backends, which trace the graph without
+generating code, and inductor, which compiles it to C++ here) and ``torch.func.vmap`` over
+:func:`attention_core.scaled_dot_product_attention` give the eager answers for the ``reference``, ``torch`` and
+``chunked`` backends, the non-finite policy included. ``chunked`` is a custom operator; its fake implementation
+is checked on shapes alone. (The Triton kernels are custom operators too: tests/_triton_interp_cases.py compiles
+through them under the interpreter.)
 """
 
 from __future__ import annotations
@@ -73,6 +75,24 @@ def test_compiled_gradients_match_eager(backend):
     want = torch.autograd.grad(f(q, k, v).square().sum(), (q, k, v))
     got = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v).square().sum(),
                               (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inductor_forward_and_gradients_match_eager(backend):
+    """Generated code, not only a traced graph: inductor's C++ kernels give the eager forward and gradients."""
+    torch._dynamo.reset()
+    q, k, v = (t.requires_grad_() for t in _inputs())
+
+    def f(q, k, v):
+        return ac.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, backend=backend)
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor")
+    want_out, got_out = f(q, k, v), compiled(q, k, v)
+    torch.testing.assert_close(got_out, want_out, atol=1e-5, rtol=1e-5)
+    want = torch.autograd.grad(want_out.square().sum(), (q, k, v))
+    got = torch.autograd.grad(got_out.square().sum(), (q, k, v))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 

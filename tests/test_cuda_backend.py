@@ -194,3 +194,22 @@ def _numpy_oracle(*args) -> torch.Tensor:
     from attention_core.backends import AttentionInputs, numpy_backend
 
     return numpy_backend.run(AttentionInputs(*args))[0]
+
+
+def test_the_forward_is_an_operator_that_traces_without_a_gpu() -> None:
+    """The kernel is a custom operator with a fake implementation: it traces to one node on meta tensors (what
+    torch.compile(fullgraph=True) and torch.export do), with no CUDA device and no compiled extension."""
+    import torch
+
+    from attention_core.backends import cuda_flash  # noqa: F401  (registers the operator)
+
+    class M(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.ops.attention_core.cuda_flash_forward(q, k, v, 0.25, True, 1)
+
+    q, k, v = (torch.empty(2, h, 9, 16, device="meta") for h in (4, 2, 2))
+    program = torch.export.export(M(), (q, k, v))
+    calls = [n for n in program.graph.nodes if n.op == "call_function"]
+    assert [str(n.target) for n in calls] == ["attention_core.cuda_flash_forward.default"]
+    out = program.module()(q, k, v)
+    assert out.shape == (2, 4, 9, 16) and out.device.type == "meta"

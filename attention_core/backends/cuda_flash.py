@@ -128,28 +128,40 @@ def flash_attention_forward(
     return out
 
 
-# ---------------------------------------------------------------------------------------- autograd Function
+# ---------------------------------------------------------------- autograd: a custom operator with a fake kernel
+# As the Triton kernels: torch.compile(fullgraph=True) traces one opaque call on fake tensors.
 
 
-class _CudaFlashAttention(torch.autograd.Function):
-    """CUDA forward; backward by recomputing with the eager reference (O(L * S) memory, no extra kernels)."""
+@torch.library.custom_op("attention_core::cuda_flash_forward", mutates_args=())
+def _forward_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, is_causal: bool,
+                level: int) -> torch.Tensor:
+    """(B, Hq, L, E): :func:`flash_attention_forward` as an operator."""
+    return flash_attention_forward(query, key, value, scale, is_causal, level)
 
-    @staticmethod
-    def forward(ctx, query, key, value, scale, is_causal, level):  # type: ignore[override]
-        ctx.save_for_backward(query, key, value)
-        ctx.args = (scale, is_causal)
-        return flash_attention_forward(query, key, value, scale, is_causal, level)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):  # type: ignore[override]
-        scale, is_causal = ctx.args
-        inputs = [t.detach().requires_grad_() for t in ctx.saved_tensors]
-        q, k, v = inputs
-        with torch.enable_grad():
-            out = reference.attention(q, k, v, None, 0.0, is_causal, scale, q.shape[1] != k.shape[1])
-        dq, dk, dv = torch.autograd.grad(out, inputs, grad_out)
-        return dq, dk, dv, None, None, None
+@_forward_op.register_fake
+def _(query, key, value, scale, is_causal, level):
+    return torch.empty_like(query)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    query, key, value, scale, is_causal, _ = inputs
+    ctx.save_for_backward(query, key, value)
+    ctx.args = (scale, is_causal)
+
+
+def _backward(ctx, grad_out):
+    """Recompute with the eager reference (O(L * S) memory, no extra kernels) and differentiate that."""
+    scale, is_causal = ctx.args
+    inputs = [t.detach().requires_grad_() for t in ctx.saved_tensors]
+    q, k, v = inputs
+    with torch.enable_grad():
+        out = reference.attention(q, k, v, None, 0.0, is_causal, scale, q.shape[1] != k.shape[1])
+    dq, dk, dv = torch.autograd.grad(out, inputs, grad_out)
+    return dq, dk, dv, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ------------------------------------------------------------------------------------------ public function
@@ -189,12 +201,11 @@ def flash_attention(
     scale = check_scale(scale)
     scale = scale_or_default(scale, query.shape[-1])
     chosen = _choose_level(query.dtype, query.device, level)
-    return _CudaFlashAttention.apply(query, key, value, scale, is_causal, chosen)
+    return _forward_op(query, key, value, scale, is_causal, chosen)
 
 
 def run(inputs: AttentionInputs) -> BackendResult:
     """Registry entry point on canonical inputs already validated by :func:`attention_core.scaled_dot_product_attention`
     and :func:`~attention_core.backends.fused_checks.cuda_supports` (no second validation here)."""
     chosen = _choose_level(inputs.query.dtype, inputs.query.device, None)
-    return _CudaFlashAttention.apply(inputs.query, inputs.key, inputs.value, inputs.scale, inputs.is_causal,
-                                     chosen), None
+    return _forward_op(inputs.query, inputs.key, inputs.value, inputs.scale, inputs.is_causal, chosen), None

@@ -26,8 +26,9 @@ every load and store at compile time. Row offsets are 64-bit (a program's first 
 pass 2^31); offsets inside a tile stay 32-bit.
 
 Layout (as the Triton tutorial): jit kernels -> autotuning (the candidates are in
-:mod:`attention_core.backends.triton_configs`) -> launchers (validate, allocate, grid) -> autograd Function ->
-public :func:`flash_attention`, plus the registry adapter :func:`attention`.
+:mod:`attention_core.backends.triton_configs`) -> launchers (allocate, grid) -> autograd, as custom operators
+with fake implementations (so that ``torch.compile(fullgraph=True)`` traces through them) -> the public
+:func:`flash_attention` (which validates), plus the registry's :func:`run` (inputs already validated).
 
 Dtypes: float16 and bfloat16 (float32 accumulation, tensor cores), and float32 (dots in IEEE fp32, not TF32,
 on the ordinary FMA units, with its own smaller tiles) so that the CPU interpreter can check the kernels. Head
@@ -797,25 +798,52 @@ def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, i
         raise TypeError("the Triton interpreter computes bfloat16 dots wrongly; use float16 or float32 there")
 
 
-# ---------------------------------------------------------------------------------------- autograd Function
+# ------------------------------------------------------------------- autograd: a custom operator, as flash-attn's
+# The forward and backward launchers registered as operators with fake (shape-only) implementations and an
+# autograd rule: eager calls run the kernels; torch.compile(fullgraph=True) sees one opaque call per direction and
+# traces it on fake tensors, instead of breaking the graph at a Python autograd.Function that launches Triton.
 
 
-class _FlashAttention(torch.autograd.Function):
-    """Forward saves (q, k, v, out, lse), O(L) extra; backward recomputes the probabilities from lse."""
+@torch.library.custom_op("attention_core::triton_flash_forward", mutates_args=())
+def _forward_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, left: int,
+                right: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(out (B, Hq, L, Ev), lse (B, Hq, L) float32)``: :func:`flash_attention_forward` as an operator."""
+    return flash_attention_forward(query, key, value, scale, left, right)
 
-    @staticmethod
-    def forward(ctx, query, key, value, scale, left, right):  # type: ignore[override]
-        out, lse = flash_attention_forward(query, key, value, scale, left, right)
-        ctx.save_for_backward(query, key, value, out, lse)
-        ctx.bounds = (scale, left, right)
-        return out
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):  # type: ignore[override]
-        query, key, value, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(grad_out, query, key, value, out, lse, *ctx.bounds)
-        return dq, dk, dv, None, None, None
+@_forward_op.register_fake
+def _(query, key, value, scale, left, right):
+    B, Hq, L, _ = query.shape
+    return query.new_empty((B, Hq, L, value.shape[-1])), query.new_empty((B, Hq, L), dtype=torch.float32)
+
+
+@torch.library.custom_op("attention_core::triton_flash_backward", mutates_args=())
+def _backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor, scale: float, left: int,
+                 right: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)``: :func:`flash_attention_backward` as an operator (recomputes from ``lse``)."""
+    return flash_attention_backward(grad_out, query, key, value, out, lse, scale, left, right)
+
+
+@_backward_op.register_fake
+def _(grad_out, query, key, value, out, lse, scale, left, right):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    query, key, value, scale, left, right = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse)  # O(L) extra beside the inputs and the output
+    ctx.bounds = (scale, left, right)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse = ctx.saved_tensors
+    dq, dk, dv = _backward_op(grad_out, query, key, value, out, lse, *ctx.bounds)
+    return dq, dk, dv, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ------------------------------------------------------------------------------------------ public function
@@ -861,7 +889,7 @@ def flash_attention(
     scale = check_scale(scale)
     scale = scale_or_default(scale, query.shape[-1])
     left, right = window_bounds(query.shape[2], key.shape[2], is_causal, window)
-    return _FlashAttention.apply(query, key, value, scale, left, right)
+    return _forward_op(query, key, value, scale, left, right)[0]
 
 
 def run(inputs: AttentionInputs) -> BackendResult:
@@ -870,4 +898,4 @@ def run(inputs: AttentionInputs) -> BackendResult:
     triton_tensor_core_warning(inputs.query.device)
     query, key = inputs.query, inputs.key
     left, right = window_bounds(query.shape[2], key.shape[2], inputs.is_causal, None)
-    return _FlashAttention.apply(query, key, inputs.value, inputs.scale, left, right), None
+    return _forward_op(query, key, inputs.value, inputs.scale, left, right)[0], None

@@ -15,6 +15,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "FORMAT",
     "MANIFEST",
     "TrainLog",
     "file_sha256",
@@ -67,8 +70,34 @@ def save_checkpoint(model: nn.Module, path: PathLike) -> str:
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"format": 1, "config": model.config, "state_dict": state}, path)
+    with _replacing(path, "wb") as f:  # a crash mid-write leaves the old file, never half a new one
+        torch.save({"format": FORMAT, "config": model.config, "state_dict": state}, f)
     return file_sha256(path)
+
+
+#: The layout version of a checkpoint file.
+FORMAT = 1
+
+
+class _replacing:
+    """Write to a temporary file beside ``path`` and move it over ``path`` only when the ``with`` block ends
+    without an error (``os.replace`` is atomic on one filesystem)."""
+
+    def __init__(self, path: Path, mode: str) -> None:
+        self.path, self.mode = path, mode
+
+    def __enter__(self):
+        fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        self.f = os.fdopen(fd, self.mode)
+        return self.f
+
+    def __exit__(self, kind, value, tb) -> None:
+        self.f.close()
+        if kind is None:
+            os.chmod(self.tmp, 0o644)  # as a plain write would leave it (mkstemp makes it private)
+            os.replace(self.tmp, self.path)
+        else:
+            os.unlink(self.tmp)
 
 
 def load_checkpoint(path: PathLike, sha256: str, build: Callable[[Dict[str, Any]], nn.Module],
@@ -78,7 +107,9 @@ def load_checkpoint(path: PathLike, sha256: str, build: Callable[[Dict[str, Any]
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: the file's sha256 differs from ``sha256`` (checked before the file is unpickled).
+        ValueError: the file's sha256 differs from ``sha256`` (checked before the file is unpickled); or a file
+            with the right checksum that is not a checkpoint of this layout, or whose weights do not fit the model
+            its config builds (the message names the file and what is wrong).
     """
     path = Path(path)
     if not path.is_file():
@@ -87,9 +118,23 @@ def load_checkpoint(path: PathLike, sha256: str, build: Callable[[Dict[str, Any]
     if seen != sha256:
         raise ValueError(f"checkpoint {path} has sha256 {seen}, expected {sha256}: the file is damaged or was "
                          "replaced; retrain it from its recipe")
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    model = build(blob["config"])
-    model.load_state_dict(blob["state_dict"])
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 (any unpickling failure: not a checkpoint)
+        raise ValueError(f"checkpoint {path} cannot be read as a torch file: {type(err).__name__}: {err}") from err
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT or not isinstance(blob.get("config"), dict) \
+            or not isinstance(blob.get("state_dict"), dict):
+        what = sorted(blob) if isinstance(blob, dict) else type(blob).__name__
+        raise ValueError(f"checkpoint {path} is not a format-{FORMAT} checkpoint (a dict with 'format', 'config' "
+                         f"and 'state_dict'): found {what}")
+    try:
+        model = build(blob["config"])
+    except (TypeError, ValueError) as err:  # the builder's own error, with the file it came from
+        raise type(err)(f"checkpoint {path}: its config does not build a model: {err}") from err
+    try:
+        model.load_state_dict(blob["state_dict"])
+    except RuntimeError as err:
+        raise ValueError(f"checkpoint {path}: its weights do not fit the model its config builds: {err}") from err
     return model.to(device or "cpu").eval()
 
 
@@ -112,7 +157,21 @@ def recipe_entry(recipe: Any, model: nn.Module, log: TrainLog, sha256: Optional[
 def read_manifest(directory: PathLike) -> Dict[str, Any]:
     """The manifest of a checkpoint folder, or ``{}`` when it has none."""
     path = Path(directory) / MANIFEST
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"manifest {path} is not valid JSON ({err}); restore it from the repository or retrain "
+                         "the recipes it listed") from err
+    bad = [name for name, entry in manifest.items() if not isinstance(entry, dict)
+           or not isinstance(entry.get("file"), str) or not isinstance(entry.get("recipe"), dict)
+           or not (entry.get("sha256") is None or isinstance(entry.get("sha256"), str))] \
+        if isinstance(manifest, dict) else ["<the whole file: not a JSON object>"]
+    if bad:
+        raise ValueError(f"manifest {path}: entries {bad[:5]} lack a 'file' (str), 'sha256' (str) or 'recipe' "
+                         "(object)")
+    return manifest
 
 
 def record_in_manifest(directory: PathLike, name: str, entry: Dict[str, Any]) -> None:
@@ -120,15 +179,17 @@ def record_in_manifest(directory: PathLike, name: str, entry: Dict[str, Any]) ->
     recipes into one folder at the same time, and each re-reads the manifest before writing it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / MANIFEST, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        text = f.read()
+    lock = os.open(directory, os.O_RDONLY)  # the folder is the lock: the manifest file itself gets replaced
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = directory / MANIFEST
+        text = path.read_text() if path.is_file() else ""
         manifest = json.loads(text) if text.strip() else {}
         manifest[name] = entry
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+        with _replacing(path, "w") as out:  # readers see the old manifest or the new one, whole
+            out.write(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+    finally:
+        os.close(lock)  # releases the lock
 
 
 def load_or_train_recipe(recipe: Any, directory: PathLike, build: Callable[[Dict[str, Any]], nn.Module],
