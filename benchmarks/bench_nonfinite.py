@@ -9,7 +9,11 @@ Two ways the policy runs (attention_core/_nonfinite.py):
 Rounds are interleaved (SDPA, check, tensor path, SDPA, ...) and the medians compared, so that a shared
 machine's slow moments hit every variant alike. Usage::
 
-    python benchmarks/bench_nonfinite.py [--rounds 15] [--threads 1]
+    python benchmarks/bench_nonfinite.py [--rounds 15] [--threads 1] [--compiled]
+
+``--compiled`` also times what a reader of the compiled path pays: ``torch.compile(fullgraph=True)`` (inductor)
+of ``attention_core.scaled_dot_product_attention(..., backend="torch")``, whose policy runs as tensor operations,
+against the same compile of ``torch.nn.functional.scaled_dot_product_attention`` (a few minutes of compiling).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--compiled", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     B, H, L, E = 1, 8, args.length, 64
@@ -85,6 +90,25 @@ def main() -> None:
         print(f"{name:17s} SDPA {med['sdpa'] * 1e3:8.2f} ms | eager check {med['check'] * 1e3:6.3f} ms = "
               f"{100 * med['check'] / med['sdpa']:5.2f}% | tensor-only path {med['tensor'] * 1e3:6.3f} ms = "
               f"{100 * med['tensor'] / med['sdpa']:5.2f}%")
+        if args.compiled:
+            _compiled(name, q, k, v, mask, causal, args.rounds)
+
+
+def _compiled(name, q, k, v, mask, causal, rounds) -> None:
+    import attention_core as ac
+
+    kw = {"attn_mask": mask, "is_causal": causal}
+    ours = torch.compile(lambda q, k, v: ac.scaled_dot_product_attention(q, k, v, backend="torch", **kw),
+                         fullgraph=True)
+    plain = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw), fullgraph=True)
+    torch.testing.assert_close(ours(q, k, v), plain(q, k, v))
+    times = {"plain": [], "ours": []}
+    for _ in range(rounds):
+        times["plain"].append(_time(lambda: plain(q, k, v), 2))
+        times["ours"].append(_time(lambda: ours(q, k, v), 2))
+    a, b = statistics.median(times["ours"]), statistics.median(times["plain"])
+    print(f"{name:17s} compiled: torch SDPA {b * 1e3:8.2f} ms | attention_core SDPA {a * 1e3:8.2f} ms = "
+          f"{100 * (a / b - 1):+5.1f}%")
 
 
 if __name__ == "__main__":
