@@ -81,7 +81,8 @@ def train_recipe(name: Union[str, ClassifierRecipe], show_progress: bool = True
     for step in bar:
         frac = step / max(recipe.steps - 1, 1)
         for group in opt.param_groups:
-            group["lr"] = recipe.lr * (recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+            cosine = 0.5 * (1 + math.cos(math.pi * frac))
+            group["lr"] = recipe.lr * (recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * cosine)
         batch = next(batches)
         loss = F.cross_entropy(model(batch.ids, batch.valid_lens).logits, batch.labels)
         opt.zero_grad()
