@@ -194,12 +194,20 @@ CH11 = [("float mask", lambda L, S, w: ce._decode(L, S, w).float()),
         ("window None crashes", lambda L, S, w: ce._decode(L, S, w) & (torch.arange(S) > S - 1 - w))]
 CH11_LIBRARY = [lambda L, S, w: lm.cached_causal_mask(L, S, w)]
 
-CH13 = [("float32 result", lambda m: ce._rollout(m).float()),
-        ("rows renormalised after the product", lambda m: (lambda r: r / r.sum(-1, keepdim=True))(
-            ce._rollout(m, half=False))),
+CH13 = [("operator precedence: A + I / 2", lambda m: _rollout_with(m, lambda a, eye: a + eye / 2)),
+        ("residual added once, after the product", lambda m: (ce._rollout(m, residual=False)
+                                                               + torch.eye(m.shape[-1], dtype=m.dtype)) / 2),
         ("transposed", lambda m: ce._rollout(m).transpose(-1, -2)),
         ("layers averaged, not multiplied", lambda m: sum((a + torch.eye(m.shape[-1], dtype=m.dtype)) / 2
                                                           for a in m) / m.shape[0])]
+def _rollout_with(maps, layer):
+    eye = torch.eye(maps.shape[-1], dtype=maps.dtype)
+    out = eye
+    for a in maps:
+        out = layer(a, eye) @ out
+    return out
+
+
 CH13_LIBRARY = [lambda m: explain.attention_rollout(list(m[:, None]))[0],
                 lambda m: explain.residual_attention(m[-1]) @ ce._rollout(m[:-1])
                 if m.shape[0] > 1 else explain.residual_attention(m[0])]
