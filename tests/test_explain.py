@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import attention_core as ac
+from attention_core.checkpoint import read_manifest
 from attention_core.explain import (
     Recorder,
     adversarial_attention,
@@ -287,3 +288,12 @@ def test_adversary_stays_within_its_bound_and_moves_the_weights():
     assert float(res.jsd[0].max()) > 0.05
     kept = res.jsd[0] == 0  # inputs that never met the bound keep the model's own weights
     assert torch.equal(res.adversarial[0][kept], res.original[0][kept])
+
+
+def test_the_training_cli_reproduces_a_shipped_checkpoint(tmp_path: Path):
+    strain.main(["embed", "--out", str(tmp_path)])
+    fresh = torch.load(tmp_path / "embed.pt", weights_only=True)["state_dict"]
+    shipped, entry = strain.load_or_train("embed")
+    assert set(fresh) == set(shipped.state_dict())
+    assert all(torch.equal(fresh[k], v) for k, v in shipped.state_dict().items())
+    assert read_manifest(tmp_path)["embed"]["recipe"] == entry["recipe"]
