@@ -30,11 +30,15 @@ __all__ = [
     "test_set",
 ]
 
+#: The words that say nothing about the label.
 FILLERS = ("the", "a", "film", "plot", "actor", "scene", "music", "story", "was", "is", "and", "with", "of",
            "this", "that", "it", "in", "camera", "ending", "cast", "script", "long", "old", "new", "night", "city",
            "house", "friend", "very", "quite")
+#: Cue words of label 1.
 POSITIVE = ("good", "great", "superb", "lovely", "brilliant", "fine")
+#: Cue words of label 0.
 NEGATIVE = ("bad", "awful", "dull", "poor", "weak", "boring")
+#: Every token, by id: ``<pad>``, the fillers, the positive cues, the negative cues.
 VOCAB: List[str] = ["<pad>", *FILLERS, *POSITIVE, *NEGATIVE]
 WORD_ID: Dict[str, int] = {w: i for i, w in enumerate(VOCAB)}
 MIN_LEN, MAX_LEN = 6, 14

@@ -31,6 +31,7 @@ from attention_core.sentences.data import VOCAB, SentenceBatch, collate, stream
 __all__ = ["CHECKPOINT_DIR", "RECIPES", "ClassifierRecipe", "accuracy", "load_or_train", "main", "train_recipe"]
 
 PathLike = Union[str, Path]
+#: Folder of the shipped checkpoints (package data) and their manifest.
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
@@ -53,6 +54,7 @@ class ClassifierRecipe:
         return {**self.model, "vocab_size": len(VOCAB), "seed": self.seed}
 
 
+#: The shipped classifiers, by their checkpoint names (``checkpoints/<name>.pt``).
 RECIPES: Dict[str, ClassifierRecipe] = {r.name: r for r in (
     ClassifierRecipe("gru", {"encoder": "gru", "attention": "additive"}),
     ClassifierRecipe("gru_uniform", {"encoder": "gru", "attention": "uniform"}),
