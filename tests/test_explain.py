@@ -297,3 +297,29 @@ def test_the_training_cli_reproduces_a_shipped_checkpoint(tmp_path: Path):
     assert set(fresh) == set(shipped.state_dict())
     assert all(torch.equal(fresh[k], v) for k, v in shipped.state_dict().items())
     assert read_manifest(tmp_path)["embed"]["recipe"] == entry["recipe"]
+
+
+@pytest.mark.parametrize("name", ["bahdanau", "transformer"])
+def test_interventions_on_the_shipped_translators(name):
+    from attention_core.translation import metrics
+    from attention_core.translation import train as ttrain
+    from attention_core.translation.data import NumberWords, collate
+
+    task = NumberWords()
+    b = collate(metrics.book_test_set()[:8], task.src_vocab, task.tgt_vocab)
+    model, _ = ttrain.load_or_train(name)
+    layers = model.decoder.attention if name == "bahdanau" else [
+        layer.multihead_attn for layer in model.decoder.layers.layers]
+    with torch.no_grad():
+        base = model(b.src, b.src_valid_lens, b.tgt_in)[0]
+        rec = Recorder()
+        with intervene(layers, rec):
+            same = model(b.src, b.src_valid_lens, b.tgt_in)[0]
+        with intervene(layers, uniform_weights):
+            flat = model(b.src, b.src_valid_lens, b.tgt_in)[0]
+    assert torch.allclose(same, base, atol=1e-5)
+    calls = b.tgt_in.shape[1] if name == "bahdanau" else 2  # one call per step, or one per decoder layer
+    assert len(rec.weights) == calls
+    pad = ~rec.allowed[0]
+    assert bool((rec.weights[0][pad] == 0).all()) and bool(pad.any())  # padding takes no weight
+    assert (flat - base).abs().max() > 1.0
