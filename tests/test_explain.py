@@ -299,7 +299,7 @@ def test_the_training_cli_reproduces_a_shipped_checkpoint(tmp_path: Path):
     assert read_manifest(tmp_path)["embed"]["recipe"] == entry["recipe"]
 
 
-@pytest.mark.parametrize("name", ["bahdanau", "transformer"])
+@pytest.mark.parametrize("name", ["bahdanau", "luong_general", "transformer"])
 def test_interventions_on_the_shipped_translators(name):
     from attention_core.translation import metrics
     from attention_core.translation import train as ttrain
@@ -308,7 +308,7 @@ def test_interventions_on_the_shipped_translators(name):
     task = NumberWords()
     b = collate(metrics.book_test_set()[:8], task.src_vocab, task.tgt_vocab)
     model, _ = ttrain.load_or_train(name)
-    layers = model.decoder.attention if name == "bahdanau" else [
+    layers = model.decoder.attention if name != "transformer" else [
         layer.multihead_attn for layer in model.decoder.layers.layers]
     with torch.no_grad():
         base = model(b.src, b.src_valid_lens, b.tgt_in)[0]
@@ -318,8 +318,17 @@ def test_interventions_on_the_shipped_translators(name):
         with intervene(layers, uniform_weights):
             flat = model(b.src, b.src_valid_lens, b.tgt_in)[0]
     assert torch.allclose(same, base, atol=1e-5)
-    calls = b.tgt_in.shape[1] if name == "bahdanau" else 2  # one call per step, or one per decoder layer
+    calls = b.tgt_in.shape[1] if name != "transformer" else 2  # one call per step, or one per decoder layer
     assert len(rec.weights) == calls
     pad = ~rec.allowed[0]
     assert bool((rec.weights[0][pad] == 0).all()) and bool(pad.any())  # padding takes no weight
     assert (flat - base).abs().max() > 1.0
+
+
+def test_local_luong_attention_is_refused():
+    from attention_core.translation import train as ttrain
+
+    model, _ = ttrain.load_or_train("luong_local_p")
+    with pytest.raises(ValueError, match="global"):
+        with intervene(model.decoder.attention, uniform_weights):
+            pass
