@@ -253,7 +253,10 @@ def test_classifier_shapes_and_padding():
     assert bool((out.weights[pad] == 0).all())
     u = build_classifier({"vocab_size": len(sdata.VOCAB), "attention": "uniform", "encoder": "none"})
     w = u(b.ids, b.valid_lens).weights
-    assert torch.allclose(w[0, : b.valid_lens[0]], torch.full((int(b.valid_lens[0]),), 1 / float(b.valid_lens[0])))
+    assert int(b.valid_lens.min()) < b.ids.shape[1]  # some rows are padded
+    for r in range(4):
+        n = int(b.valid_lens[r])
+        assert torch.allclose(w[r, :n], torch.full((n,), 1 / n)) and bool((w[r, n:] == 0).all())
 
 
 @pytest.mark.parametrize("name", sorted(strain.RECIPES))
@@ -286,6 +289,12 @@ def test_adversary_stays_within_its_bound_and_moves_the_weights():
     assert bool((res.output_tvd <= 0.02 + 1e-6).all())
     assert res.jsd[0].shape == (40,) and bool((res.jsd[0] >= 0).all()) and bool((res.jsd[0] <= math.log(2)).all())
     assert float(res.jsd[0].max()) > 0.05
+    with torch.no_grad():  # the reported TVD is the output's with the returned weights
+        base = model.pool(keys, b.valid_lens).logits.softmax(-1)
+        with intervene(model.attention, lambda w, a: res.adversarial[0]):
+            moved = model.pool(keys, b.valid_lens).logits.softmax(-1)
+    assert torch.allclose(tvd(moved, base), res.output_tvd, atol=1e-5)
+    assert float(res.output_tvd.max()) > 0
     kept = res.jsd[0] == 0  # inputs that never met the bound keep the model's own weights
     assert torch.equal(res.adversarial[0][kept], res.original[0][kept])
 
