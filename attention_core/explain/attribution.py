@@ -70,7 +70,7 @@ def attention_rollout(attentions: Sequence[torch.Tensor], residual: bool = True)
         residual: use ``(A + I) / 2`` for each layer (Abnar & Zuidema's choice) or the raw maps.
 
     Returns:
-        (B, L, L): row ``i`` is position ``i``'s mixture of input tokens after the last layer.
+        (B, L, L) float64; row ``i`` is position ``i``'s mixture of input tokens after the last layer.
     """
     maps = residual_attention(_stack(attentions), residual)
     out = maps[0]

@@ -38,7 +38,7 @@ FILLERS = ("the", "a", "film", "plot", "actor", "scene", "music", "story", "was"
 POSITIVE = ("good", "great", "superb", "lovely", "brilliant", "fine")
 #: Cue words of label 0.
 NEGATIVE = ("bad", "awful", "dull", "poor", "weak", "boring")
-#: Every token, by id: ``<pad>``, the fillers, the positive cues, the negative cues.
+#: Every token by id (``<pad>``, the fillers, the positive cues, the negative cues).
 VOCAB: List[str] = ["<pad>", *FILLERS, *POSITIVE, *NEGATIVE]
 WORD_ID: Dict[str, int] = {w: i for i, w in enumerate(VOCAB)}
 MIN_LEN, MAX_LEN = 6, 14
