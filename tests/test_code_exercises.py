@@ -25,7 +25,7 @@ pytest.importorskip("hypothesis")
 import torch.nn.functional as F  # noqa: E402
 
 import attention_core as ac  # noqa: E402
-from attention_core import masks, pretrained  # noqa: E402
+from attention_core import explain, masks, pretrained  # noqa: E402
 from attention_core.backends.reference import softmax_with_mask  # noqa: E402
 from attention_core.booktools import chapter_exercises as ce  # noqa: E402
 from attention_core.booktools import code_checks, exercises  # noqa: E402
@@ -39,7 +39,8 @@ BOOK = Path(__file__).resolve().parents[1] / "book"
 NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch03": "03_bahdanau",
             "ch04": "04_luong", "ch05": "05_self_attention", "ch06": "06_multi_head_attention",
             "ch07": "07_positional_information", "ch08": "08_transformer", "ch09": "09_attention_at_scale",
-            "ch10": "10_pretrained_minilm", "ch11": "11_decoder_only_lm"}
+            "ch10": "10_pretrained_minilm", "ch11": "11_decoder_only_lm",
+            "ch13": "13_attention_as_explanation"}
 NEG_INF = float("-inf")
 LIBRARY = "is not available while your"  # what a blocked library function says
 
@@ -189,6 +190,24 @@ CH11 = [("float mask", lambda L, S, w: ce._decode(L, S, w).float()),
         ("window None crashes", lambda L, S, w: ce._decode(L, S, w) & (torch.arange(S) > S - 1 - w))]
 CH11_LIBRARY = [lambda L, S, w: lm.cached_causal_mask(L, S, w)]
 
+CH13 = [("operator precedence: A + I / 2", lambda m: _rollout_with(m, lambda a, eye: a + eye / 2)),
+        ("residual added once, after the product", lambda m: (ce._rollout(m, residual=False)
+                                                               + torch.eye(m.shape[-1], dtype=m.dtype)) / 2),
+        ("transposed", lambda m: ce._rollout(m).transpose(-1, -2)),
+        ("layers averaged, not multiplied", lambda m: sum((a + torch.eye(m.shape[-1], dtype=m.dtype)) / 2
+                                                          for a in m) / m.shape[0])]
+def _rollout_with(maps, layer):
+    eye = torch.eye(maps.shape[-1], dtype=maps.dtype)
+    out = eye
+    for a in maps:
+        out = layer(a, eye) @ out
+    return out
+
+
+CH13_LIBRARY = [lambda m: explain.attention_rollout(list(m[:, None]))[0],
+                lambda m: explain.residual_attention(m[-1]) @ ce._rollout(m[:-1])
+                if m.shape[0] > 1 else explain.residual_attention(m[0])]
+
 
 def _as_list(x):
     return x if isinstance(x, list) else [x]
@@ -234,6 +253,7 @@ EXTRA = {
     "ch11.decode_mask": (CH11, CH11_LIBRARY + [
         lambda L, S, w: _LIBRARY_IN_A_DICT["cm"](L, S, w),
         lambda L, S, w: (masks.causal_mask(S) if w is None else masks.sliding_window_mask(S, w))[S - L:]]),
+    "ch13.rollout": (CH13, CH13_LIBRARY),
 }
 MUTANTS: dict = {}
 for _key in ce.EXERCISES:
@@ -328,12 +348,20 @@ def _ch11_triangles(L, S, window):
     return mask if window is None else mask & ~ones.tril(S - L - window)
 
 
+def _ch13_float32_loop(maps):
+    n, L, _ = maps.shape
+    out = torch.eye(L)
+    for layer in range(n):  # float32, and the identity first: I then each layer on the left
+        out = (0.5 * maps[layer].float() + 0.5 * torch.eye(L)) @ out
+    return out
+
+
 ALTERNATIVES = {"ch01.boxcar_nw": [_ch01_loop], "ch02.masked_softmax": [_ch02_where],
                 "ch03.bahdanau_weights": [_ch03_einsum], "ch04.local_p_weights": [_ch04_gauss_first],
                 "ch05.causal_attention": [_ch05_einsum], "ch06.causal_multi_head": [_ch06_alt],
                 "ch07.rope": [_ch07_complex], "ch08.causal_attention": [_ch08_float64],
                 "ch09.merge_partials": [_ch09_float32], "ch10.mean_pool": [_ch10_float32],
-                "ch11.decode_mask": [_ch11_triangles]}
+                "ch11.decode_mask": [_ch11_triangles], "ch13.rollout": [_ch13_float32_loop]}
 
 
 # ------------------------------------------------------------------------------------------ worked solutions
@@ -428,6 +456,14 @@ def decode_mask(L, S, window):
     mask = j <= i
     return mask if window is None else mask & (j > i - window)
 """,
+    "ch13.rollout": """
+def rollout(maps):
+    L = maps.shape[-1]
+    out = torch.eye(L, dtype=maps.dtype)
+    for a in maps:
+        out = (a + torch.eye(L, dtype=maps.dtype)) / 2 @ out
+    return out
+""",
 }
 
 
@@ -460,7 +496,7 @@ def test_at_least_four_mutants_per_exercise(capsys):
     with capsys.disabled():
         print("\nmutants per code exercise:", ", ".join(f"{k} {n}" for k, n in counts.items()),
               f"(total {sum(counts.values())})")
-    assert set(counts) == set(ce.EXERCISES) and len(counts) == 11
+    assert set(counts) == set(ce.EXERCISES) and len(counts) == 12
     assert all(n >= 4 for n in counts.values()), counts
 
 
@@ -533,6 +569,7 @@ STATEMENT_OUTPUT = {
     "ch09.merge_partials": "([2.5413], 2.0, 1.1353)",
     "ch10.mean_pool": "[[2.0, 3.0]]",
     "ch11.decode_mask": "[[True, True, True, False], [True, True, True, True]]",
+    "ch13.rollout": "[[0.75, 0.25], [0.5, 0.5]]",
 }
 
 

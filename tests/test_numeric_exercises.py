@@ -76,6 +76,8 @@ MISTAKES: dict[tuple[str, str], list[float]] = {
     ("10", "entropy (nats)"): [math.log(3), 1.5, -1.0397207708399179, 0.5 * math.log(2) + 0.25 * math.log(4)],
     # d_r lost; K or V only; d_r = E; multiplied
     ("11", "MHA cache / MLA cache, 32 heads"): [2 * 32 / 4, 32 / 4.5, 2 * 32 / 5, 2 * 32 * 4.5],
+    # bits; KL(p||q) = ln 4; the two KLs not halved; the ceiling ln 2
+    ("13", "JSD (nats)"): [0.5490, math.log(4), 0.7610, math.log(2)],
 }
 
 

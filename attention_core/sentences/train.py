@@ -1,0 +1,150 @@
+"""Training the sentence classifiers and the checkpoints the chapter on attention as explanation loads.
+
+:data:`RECIPES` names the shipped models: ``gru`` (BiGRU + additive attention, the shape Jain & Wallace tested),
+``embed`` (no encoder: the attention pools the word embeddings themselves) and their ``_uniform`` twins, trained
+with weights ``1/n`` instead of learned attention (Wiegreffe & Pinter's baseline). Each checkpoint is written with
+its recipe and sha256 in ``checkpoints/manifest.json``.
+
+Command line (one CPU thread, a few seconds per model)::
+
+    python -m attention_core.sentences.train --all
+    python -m attention_core.sentences.train gru --out /tmp/ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from attention_core.models.classifier import AttentionClassifier, build_classifier
+from attention_core.sentences.data import VOCAB, SentenceBatch, collate, stream
+from attention_core.training.checkpoint import (
+    TrainLog,
+    load_or_train_recipe,
+    recipe_entry,
+    record_in_manifest,
+    save_checkpoint,
+)
+from attention_core.training.progress import progress
+
+__all__ = ["CHECKPOINT_DIR", "RECIPES", "ClassifierRecipe", "accuracy", "load_or_train", "main", "train_recipe"]
+
+PathLike = Union[str, Path]
+#: Folder of the shipped checkpoints (package data) and their manifest.
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+
+
+@dataclass(frozen=True)
+class ClassifierRecipe:
+    """How one classifier is built and trained: ``model`` holds :func:`build_classifier`'s settings (besides
+    ``vocab_size``); Adam for ``steps`` steps on fresh batches of ``batch_size`` from ``stream(batch_size,
+    data_seed)``, learning rate on a cosine from ``lr`` to ``min_lr_ratio * lr``, parameters from ``seed``."""
+
+    name: str
+    model: Dict[str, Any] = field(default_factory=dict)
+    steps: int = 400
+    batch_size: int = 64
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    seed: int = 0
+    data_seed: int = 1
+
+    def config(self) -> Dict[str, Any]:
+        return {**self.model, "vocab_size": len(VOCAB), "seed": self.seed}
+
+
+#: The shipped classifiers, by their checkpoint names (``checkpoints/<name>.pt``).
+RECIPES: Dict[str, ClassifierRecipe] = {r.name: r for r in (
+    ClassifierRecipe("gru", {"encoder": "gru", "attention": "additive"}),
+    ClassifierRecipe("gru_uniform", {"encoder": "gru", "attention": "uniform"}),
+    ClassifierRecipe("embed", {"encoder": "none", "attention": "additive"}),
+    ClassifierRecipe("embed_uniform", {"encoder": "none", "attention": "uniform"}),
+)}
+
+
+def _recipe(name: Union[str, ClassifierRecipe]) -> ClassifierRecipe:
+    if isinstance(name, ClassifierRecipe):
+        return name
+    if name not in RECIPES:
+        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
+    return RECIPES[name]
+
+
+def train_recipe(name: Union[str, ClassifierRecipe], show_progress: bool = True
+                 ) -> Tuple[AttentionClassifier, TrainLog]:
+    """Build the classifier of recipe ``name`` and train it from scratch; returns ``(model in eval mode, log)``."""
+    recipe = _recipe(name)
+    model = build_classifier(recipe.config()).train()
+    opt = torch.optim.Adam(model.parameters(), lr=recipe.lr)
+    batches = stream(recipe.batch_size, recipe.data_seed)
+    log, start = TrainLog(), time.perf_counter()
+    bar = progress(range(recipe.steps), desc=recipe.name, **({} if show_progress else {"disable": True}))
+    for step in bar:
+        frac = step / max(recipe.steps - 1, 1)
+        for group in opt.param_groups:
+            cosine = 0.5 * (1 + math.cos(math.pi * frac))
+            group["lr"] = recipe.lr * (recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * cosine)
+        batch = next(batches)
+        loss = F.cross_entropy(model(batch.ids, batch.valid_lens).logits, batch.labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        log.losses.append(loss.item())
+    log.seconds = time.perf_counter() - start
+    return model.eval(), log
+
+
+@torch.no_grad()
+def accuracy(model: AttentionClassifier, batch: SentenceBatch) -> float:
+    """Share of ``batch`` classified correctly."""
+    return (model(batch.ids, batch.valid_lens).logits.argmax(-1) == batch.labels).double().mean().item()
+
+
+def load_or_train(name: Union[str, ClassifierRecipe], directory: PathLike = CHECKPOINT_DIR, retrain: bool = False
+                  ) -> Tuple[AttentionClassifier, Dict[str, Any]]:
+    """The classifier ``name``: loaded from ``directory`` (sha256 verified) or trained here (not saved)."""
+    recipe = _recipe(name)
+    return load_or_train_recipe(recipe, directory, build_classifier, lambda: train_recipe(recipe), retrain, None,
+                                f"python -m attention_core.sentences.train {recipe.name}")
+
+
+def train_and_save(names: Sequence[str], directory: PathLike = CHECKPOINT_DIR, show_progress: bool = True) -> None:
+    """Train each recipe in ``names`` on one thread, save ``<name>.pt`` and record it in the manifest."""
+    from attention_core.sentences.data import test_set
+
+    torch.set_num_threads(1)
+    test = collate(test_set())
+    for name in names:
+        recipe = _recipe(name)
+        model, log = train_recipe(recipe, show_progress=show_progress)
+        sha = save_checkpoint(model, Path(directory) / f"{recipe.name}.pt")
+        entry = recipe_entry(recipe, model, log, sha)
+        entry["test_accuracy"] = round(accuracy(model, test), 4)
+        record_in_manifest(directory, recipe.name, entry)
+        print(f"{recipe.name}: {entry['parameters']} parameters, {log.seconds:.1f} s, test accuracy "
+              f"{entry['test_accuracy']}, sha256 {sha[:12]}...", flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m attention_core.sentences.train NAME [NAME ...]`` (or ``--all``): train and save checkpoints."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("names", nargs="*", help=f"recipes to train, from {sorted(RECIPES)}")
+    parser.add_argument("--all", action="store_true", help="train every recipe")
+    parser.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder")
+    args = parser.parse_args(argv)
+    names = sorted(RECIPES) if args.all else args.names
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown or not names:
+        parser.error(f"give recipe names from {sorted(RECIPES)} or --all (got {names})")
+    train_and_save(names, args.out)
+
+
+if __name__ == "__main__":
+    main()
