@@ -85,6 +85,9 @@ def test_tiles_visited_counts_nonempty_tiles():
     m = torch.zeros(32, 32, dtype=torch.bool)
     m[31, 0] = True
     assert sp.tiles_visited(m, 16, 16) == 1
+    m = torch.zeros(8, 12, dtype=torch.bool)
+    m[3, 5] = m[6, 11] = True  # inside tiles, off their first row and column
+    assert sp.tiles_visited(m, 4, 4) == 2 and sp.tiles_visited(m, 8, 12) == 1
 
 
 @pytest.mark.parametrize("call, exc, words", [
