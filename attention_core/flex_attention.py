@@ -273,6 +273,8 @@ def _reference(query, key, value, score_mod, block_mask, scale) -> torch.Tensor:
     S = key.shape[2]
     dt = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
     scores = (query.to(dt) @ key.to(dt).transpose(-2, -1)) * scale  # (B, H, L, E) @ (B, H, E, S) -> (B, H, L, S)
+    if S == 0:  # no key at all: every row reads nothing, (B, H, L, 0) @ (B, H, 0, Ev) is zeros
+        return (scores @ value.to(dt)).to(query.dtype)
     if score_mod is not None:
         scores = dense_scores(score_mod, scores)
     mask_mod = noop_mask if block_mask is None else block_mask.mask_mod

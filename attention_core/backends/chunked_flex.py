@@ -128,7 +128,7 @@ class _Plan:
 
 def _take(x: torch.Tensor, sel) -> torch.Tensor:
     """(B, H, N, D)[sel] -> (G, N, D), a view when it can be."""
-    return x[sel].reshape(-1, x.shape[-2], x.shape[-1])  # (Bg, Hg, N, D) -> (G, N, D)
+    return x[sel].flatten(0, 1)  # (Bg, Hg, N, D) -> (G, N, D)
 
 
 # ------------------------------------------------------------------------------------------------ tiles
@@ -200,7 +200,8 @@ def _backward(run: _Run, q, k, v, out, lse, grad_out, captured):
     """dq, dk, dv (shapes of q, k, v) and the gradients of the score_mod's captured tensors."""
     L, E = q.shape[2], q.shape[3]
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    dcap = [torch.zeros_like(c) for c in captured]
+    # captured tensors' gradients are sums over every chunk: accumulated in float32 at least, cast at the end
+    dcap = [torch.zeros_like(c, dtype=torch.promote_types(c.dtype, torch.float32)) for c in captured]
     delta_all = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1): rowsum(dO * O) = rowsum(P * dP)
     for sel, b_idx, h_idx, plan in run.plan.groups:
         qg, kg, vg = _take(q, sel), _take(k, sel), _take(v, sel)
@@ -235,7 +236,7 @@ def _backward(run: _Run, q, k, v, out, lse, grad_out, captured):
         dq[sel] = dqg.view(dq[sel].shape)
         dk[sel] = (dkg if run.natural else dkg * _LN2).view(dk[sel].shape)  # qs carried scale * log2(e)
         dv[sel] = dvg.view(dv[sel].shape)
-    return dq, dk, dv, dcap
+    return dq, dk, dv, [g.to(c.dtype) for g, c in zip(dcap, captured)]
 
 
 def _through_score_mod(raw, modded, ds, captured, dcap):
