@@ -160,14 +160,13 @@ class _Run:
 
 
 def _forward(run: _Run, q, k, v, out, lse) -> None:
-    """Fill out (B, H, L, Ev) and lse (B, H, L, 1) (natural units; +inf for a row that reads nothing)."""
+    """Fill out (B, H, L, Ev, zeros) and lse (B, H, L, 1, +inf) in natural units; rows that read nothing stay."""
     L, E = q.shape[2], q.shape[3]
     lowest = torch.finfo(q.dtype).min
     for sel, b_idx, h_idx, plan in run.plan.groups:
         qg, kg, vg = _take(q, sel), _take(k, sel), _take(v, sel)  # (G, L, E), (G, S, E), (G, S, Ev)
         G, Ev = qg.shape[0], vg.shape[-1]
-        og = out.new_zeros(G, L, Ev)
-        lg = lse.new_full((G, L, 1), float("inf"))
+        og, lg = _take(out, sel), _take(lse, sel)  # (G, L, Ev), (G, L, 1): views of the zeros / +inf below
         for r, chunks in enumerate(plan):
             if not chunks:
                 continue  # a query tile that reads nothing: zeros, lse +inf
@@ -192,8 +191,9 @@ def _forward(run: _Run, q, k, v, out, lse) -> None:
             og[:, r0:r1] = acc / denom.masked_fill(dead, 1.0)
             natural_lse = (m + denom.log()) if run.natural else (m + denom.log2()) * _LN2
             lg[:, r0:r1] = natural_lse.masked_fill(dead, float("inf"))
-        out[sel] = og.view(out[sel].shape)
-        lse[sel] = lg.view(lse[sel].shape)
+        if og.data_ptr() != out[sel].data_ptr():  # not a view after all: write back
+            out[sel] = og.view(out[sel].shape)
+            lse[sel] = lg.view(lse[sel].shape)
 
 
 def _backward(run: _Run, q, k, v, out, lse, grad_out, captured):
@@ -258,8 +258,8 @@ class _ChunkedFlex(torch.autograd.Function):
     def forward(ctx, run, query, key, value, *captured):
         dt = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
         q, k, v = query.to(dt), key.to(dt), value.to(dt)
-        out = q.new_empty(*q.shape[:3], v.shape[-1])  # (B, H, L, Ev)
-        lse = q.new_empty(*q.shape[:3], 1)  # (B, H, L, 1)
+        out = q.new_zeros(*q.shape[:3], v.shape[-1])  # (B, H, L, Ev): rows that read nothing stay 0
+        lse = q.new_full((*q.shape[:3], 1), float("inf"))  # (B, H, L, 1): +inf there (the backward's p = 0)
         _forward(run, q, k, v, out, lse)
         ctx.run, ctx.dtypes = run, (query.dtype, key.dtype, value.dtype)
         ctx.captured = captured  # the very tensors the score_mod's closure holds (autograd.grad asks for them)
