@@ -67,8 +67,10 @@ def _positive(value: int, name: str, *, allow_zero: bool = False) -> int:
     return value
 
 
-def _named(fn, name: str):
+def _named(fn, name: str, kind: tuple | None = None):
+    """Name a mod for reprs; ``kind`` (the factory and its arguments) lets a compiled backend recognise it."""
     fn.__name__ = fn.__qualname__ = name
+    fn.flex_kind = kind
     return fn
 
 
@@ -78,6 +80,9 @@ def _named(fn, name: str):
 def noop_mask(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
     """Every pair takes part (the mask of plain attention)."""
     return q_idx.new_ones((), dtype=torch.bool)
+
+
+noop_mask.flex_kind = ("noop",)
 
 
 def noop_score(score, b, h, q_idx, kv_idx):
@@ -96,7 +101,8 @@ def and_masks(*mask_mods: MaskMod) -> MaskMod:
             keep = keep & m(b, h, q_idx, kv_idx)
         return keep
 
-    return _named(mask_mod, "and_masks(" + ", ".join(getattr(m, "__name__", "mod") for m in mask_mods) + ")")
+    return _named(mask_mod, "and_masks(" + ", ".join(getattr(m, "__name__", "mod") for m in mask_mods) + ")",
+                  ("and", *(getattr(m, "flex_kind", None) for m in mask_mods)))
 
 
 def or_masks(*mask_mods: MaskMod) -> MaskMod:
@@ -110,7 +116,8 @@ def or_masks(*mask_mods: MaskMod) -> MaskMod:
             keep = keep | m(b, h, q_idx, kv_idx)
         return keep
 
-    return _named(mask_mod, "or_masks(" + ", ".join(getattr(m, "__name__", "mod") for m in mask_mods) + ")")
+    return _named(mask_mod, "or_masks(" + ", ".join(getattr(m, "__name__", "mod") for m in mask_mods) + ")",
+                  ("or", *(getattr(m, "flex_kind", None) for m in mask_mods)))
 
 
 # ------------------------------------------------------------------------------------------- mask mods
@@ -119,6 +126,9 @@ def or_masks(*mask_mods: MaskMod) -> MaskMod:
 def causal(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
     """Query ``i`` reads keys ``j <= i`` (SDPA's ``is_causal``, upper-left aligned)."""
     return kv_idx <= q_idx
+
+
+causal.flex_kind = ("causal",)
 
 
 def causal_bottom_right(L: int, S: int) -> MaskMod:
@@ -132,7 +142,7 @@ def causal_bottom_right(L: int, S: int) -> MaskMod:
     def mask_mod(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx + offset
 
-    return _named(mask_mod, f"causal_bottom_right({L}, {S})")
+    return _named(mask_mod, f"causal_bottom_right({L}, {S})", ("causal_bottom_right", offset))
 
 
 def sliding_window(window: int, causal: bool = True) -> MaskMod:
@@ -150,7 +160,7 @@ def sliding_window(window: int, causal: bool = True) -> MaskMod:
     else:
         def mask_mod(b, h, q_idx, kv_idx):
             return (q_idx - kv_idx).abs() <= window // 2
-    return _named(mask_mod, f"sliding_window({window}, causal={causal})")
+    return _named(mask_mod, f"sliding_window({window}, causal={causal})", ("sliding_window", window, causal))
 
 
 def sinks_and_window(sinks: int, window: int) -> MaskMod:
@@ -163,7 +173,7 @@ def sinks_and_window(sinks: int, window: int) -> MaskMod:
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx) & ((kv_idx < sinks) | (q_idx - kv_idx < window))
 
-    return _named(mask_mod, f"sinks_and_window({sinks}, {window})")
+    return _named(mask_mod, f"sinks_and_window({sinks}, {window})", ("sinks_and_window", sinks, window))
 
 
 def document(document_ids: torch.Tensor) -> MaskMod:
@@ -184,7 +194,7 @@ def document(document_ids: torch.Tensor) -> MaskMod:
     else:
         def mask_mod(b, h, q_idx, kv_idx):
             return ids[b, q_idx] == ids[b, kv_idx]
-    return _named(mask_mod, "document")
+    return _named(mask_mod, "document", ("document", ids))
 
 
 def key_padding(kv_lens: torch.Tensor | Sequence[int]) -> MaskMod:
@@ -206,7 +216,7 @@ def prefix_lm(prefix_len: int) -> MaskMod:
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx < prefix_len) | (kv_idx <= q_idx)
 
-    return _named(mask_mod, f"prefix_lm({prefix_len})")
+    return _named(mask_mod, f"prefix_lm({prefix_len})", ("prefix_lm", prefix_len))
 
 
 def strided(stride: int) -> MaskMod:
@@ -288,7 +298,7 @@ def alibi(slopes: torch.Tensor) -> ScoreMod:
     def score_mod(score, b, h, q_idx, kv_idx):
         return score + slopes[h] * (kv_idx - q_idx)
 
-    return _named(score_mod, "alibi")
+    return _named(score_mod, "alibi", ("alibi", slopes))
 
 
 def soft_cap(cap: float) -> ScoreMod:
@@ -300,7 +310,7 @@ def soft_cap(cap: float) -> ScoreMod:
     def score_mod(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / cap) * cap
 
-    return _named(score_mod, f"soft_cap({cap:g})")
+    return _named(score_mod, f"soft_cap({cap:g})", ("soft_cap", cap))
 
 
 def relative_position_bias(table: torch.Tensor, max_distance: int) -> ScoreMod:
@@ -320,7 +330,7 @@ def relative_position_bias(table: torch.Tensor, max_distance: int) -> ScoreMod:
     def score_mod(score, b, h, q_idx, kv_idx):
         return score + table[h, (kv_idx - q_idx).clamp(-max_distance, max_distance) + max_distance]
 
-    return _named(score_mod, "relative_position_bias")
+    return _named(score_mod, "relative_position_bias", ("relative_position_bias", table, max_distance))
 
 
 # ------------------------------------------------------------------------------------------ dense oracle

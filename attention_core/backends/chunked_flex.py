@@ -49,6 +49,8 @@ class _Chunk:
     cols: torch.Tensor | None  # (nc,) int64 when the keys are not one run; else None
     kv_idx: torch.Tensor  # (1, 1, nc) the keys' positions, for the mods
     partial: list = field(default_factory=list)  # [(c0, c1)] column ranges of partial tiles within the chunk
+    part_pos: torch.Tensor | None = None  # (np,) positions of the partial tiles' columns within the chunk
+    part_kv: torch.Tensor | None = None  # (1, 1, np) their key positions: the predicate's kv_idx
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """Rows of ``x`` (G, S, D) that the chunk reads: (G, nc, D), a view for a slice."""
@@ -87,6 +89,12 @@ def _row_plan(partial: list[int], full: list[int], Bk: int, S: int, chunk_tiles:
             if not is_full:
                 chunk.partial.append((pos, pos + width))
             pos += width
+        if chunk.partial:
+            if len(chunk.partial) == 1:  # one partial tile: a slice, no index tensor
+                chunk.part_pos = slice(*chunk.partial[0])
+            else:
+                chunk.part_pos = torch.cat([torch.arange(c0, c1, device=device) for c0, c1 in chunk.partial])
+            chunk.part_kv = chunk.kv_idx[..., chunk.part_pos]
         chunks.append(chunk)
     return chunks
 
@@ -147,10 +155,16 @@ class _Run:
         return x.exp_() if self.natural else x.exp2_()
 
     def mask_(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
-        """Hide the pairs the predicate removes, in the chunk's partial tiles only (in place)."""
-        for c0, c1 in chunk.partial:
-            keep = self.plan.mask_mod(b_idx, h_idx, q_idx, chunk.kv_idx[..., c0:c1])
-            s[:, :, c0:c1].masked_fill_(~keep, _NEG_INF)
+        """Hide the pairs the predicate removes, in place: one evaluation on the partial tiles' columns only."""
+        if chunk.part_kv is None:
+            return s
+        hidden = ~self.plan.mask_mod(b_idx, h_idx, q_idx, chunk.part_kv)  # (G or 1, bl or 1, np)
+        if isinstance(chunk.part_pos, slice):
+            s[:, :, chunk.part_pos].masked_fill_(hidden, _NEG_INF)
+        else:  # scatter the partial columns' verdicts into a chunk-wide mask
+            full = torch.zeros(*hidden.shape[:-1], s.shape[-1], dtype=torch.bool, device=s.device)
+            full[..., chunk.part_pos] = hidden
+            s.masked_fill_(full, _NEG_INF)
         return s
 
     def modded(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
@@ -161,36 +175,41 @@ class _Run:
 
 def _forward(run: _Run, q, k, v, out, lse) -> None:
     """Fill out (B, H, L, Ev, zeros) and lse (B, H, L, 1, +inf) in natural units; rows that read nothing stay."""
-    L, E = q.shape[2], q.shape[3]
+    L = q.shape[2]
     lowest = torch.finfo(q.dtype).min
     for sel, b_idx, h_idx, plan in run.plan.groups:
         qg, kg, vg = _take(q, sel), _take(k, sel), _take(v, sel)  # (G, L, E), (G, S, E), (G, S, Ev)
         G, Ev = qg.shape[0], vg.shape[-1]
         og, lg = _take(out, sel), _take(lse, sel)  # (G, L, Ev), (G, L, 1): views of the zeros / +inf below
+        rows = torch.arange(L, device=q.device).view(1, L, 1)
         for r, chunks in enumerate(plan):
             if not chunks:
                 continue  # a query tile that reads nothing: zeros, lse +inf
             r0, r1 = r * run.plan.Bq, min(L, (r + 1) * run.plan.Bq)
-            q_idx = torch.arange(r0, r1, device=q.device).view(1, -1, 1)  # (1, bl, 1)
-            qs = qg[:, r0:r1] * run.scale2  # (G, bl, E)
-            m = qs.new_full((G, r1 - r0, 1), lowest)  # running max; lowest, not -inf: exp(-inf - m) = 0
-            denom = qs.new_zeros((G, r1 - r0, 1))
-            acc = qs.new_zeros((G, r1 - r0, Ev))
-            for chunk in chunks:
+            # (1, bl, 1) positions, and the tile's queries times scale (and log2 e): (G, bl, E), one tile at a
+            # time so that the forward's extra memory stays a few tiles
+            q_idx, qs = rows[:, r0:r1], qg[:, r0:r1] * run.scale2
+            for i, chunk in enumerate(chunks):
                 s = torch.bmm(qs, chunk.take(kg).transpose(1, 2))  # (G, bl, E) @ (G, E, nc) -> (G, bl, nc)
                 if run.score_mod is not None:
                     s = run.modded(s, chunk, b_idx, h_idx, q_idx).clone()
                 run.mask_(s, chunk, b_idx, h_idx, q_idx)
+                if i == 0:  # the first chunk starts the running sums (no rescaling)
+                    m = s.amax(-1, keepdim=True).clamp_min_(lowest)  # lowest, not -inf: exp(-inf - m) = 0
+                    p = run.exp_(s.sub_(m))  # (G, bl, nc), in place: the scores are not needed again
+                    denom = p.sum(-1, keepdim=True)
+                    acc = torch.bmm(p, chunk.take(vg))  # (G, bl, nc) @ (G, nc, Ev)
+                    continue
                 m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # (G, bl, 1)
-                p = run.exp_(s.sub_(m_new))  # (G, bl, nc)
-                alpha = run.exp_(m - m_new)
-                denom = denom * alpha + p.sum(-1, keepdim=True)
-                acc = torch.baddbmm(acc * alpha, p, chunk.take(vg))  # + (G, bl, nc) @ (G, nc, Ev)
+                p = run.exp_(s.sub_(m_new))
+                alpha = run.exp_(m.sub_(m_new))  # rescales what was summed under the old max
+                denom = denom.mul_(alpha).add_(p.sum(-1, keepdim=True))
+                acc = torch.baddbmm(acc.mul_(alpha), p, chunk.take(vg))  # + (G, bl, nc) @ (G, nc, Ev)
                 m = m_new
-            dead = denom == 0  # every pair masked: zeros, and lse = +inf so the backward's p is 0
-            og[:, r0:r1] = acc / denom.masked_fill(dead, 1.0)
-            natural_lse = (m + denom.log()) if run.natural else (m + denom.log2()) * _LN2
-            lg[:, r0:r1] = natural_lse.masked_fill(dead, float("inf"))
+            alive = denom > 0  # every pair masked: zeros, and lse = +inf so the backward's p is 0
+            torch.div(acc, denom.clamp_min(torch.finfo(q.dtype).tiny), out=og[:, r0:r1])
+            natural_lse = m.add_(denom.log()) if run.natural else m.add_(denom.log2()).mul_(_LN2)
+            lg[:, r0:r1] = torch.where(alive, natural_lse, float("inf"))
         if og.data_ptr() != out[sel].data_ptr():  # not a view after all: write back
             out[sel] = og.view(out[sel].shape)
             lse[sel] = lg.view(lse[sel].shape)
@@ -207,12 +226,13 @@ def _backward(run: _Run, q, k, v, out, lse, grad_out, captured):
         qg, kg, vg = _take(q, sel), _take(k, sel), _take(v, sel)
         dog, lg, deltag = _take(grad_out, sel), _take(lse, sel) * run.unit, _take(delta_all, sel)
         dqg, dkg, dvg = torch.zeros_like(qg), torch.zeros_like(kg), torch.zeros_like(vg)
+        q_all = qg * run.scale2  # (G, L, E)
+        rows = torch.arange(L, device=q.device).view(1, L, 1)
         for r, chunks in enumerate(plan):
             if not chunks:
                 continue
             r0, r1 = r * run.plan.Bq, min(L, (r + 1) * run.plan.Bq)
-            q_idx = torch.arange(r0, r1, device=q.device).view(1, -1, 1)
-            qs = qg[:, r0:r1] * run.scale2  # (G, bl, E)
+            q_idx, qs = rows[:, r0:r1], q_all[:, r0:r1]  # (1, bl, 1), (G, bl, E)
             do, lse_t, delta = dog[:, r0:r1], lg[:, r0:r1], deltag[:, r0:r1]  # (G, bl, Ev), (G, bl, 1) x 2
             dq_t = torch.zeros_like(qs)
             for chunk in chunks:
