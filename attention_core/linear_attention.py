@@ -168,8 +168,8 @@ def linear_attention_recurrent(
     """Linear attention as an RNN: for each key ``j`` in order, ``S += phi(k_j) v_j^T`` and ``z += phi(k_j)``;
     query ``i`` reads ``phi(q_i)^T S / phi(q_i)^T z``, after key ``i`` if causal, after all keys if not.
 
-    Args: as :func:`linear_attention`, plus ``state``: a state to continue from (decoding token by token);
-    its keys count as earlier than all of ``key``.
+    The arguments are those of :func:`linear_attention`, plus ``state``: a state to continue from (decoding
+    token by token), whose keys count as earlier than all of ``key``.
 
     Returns:
         ``(out (..., L, Ev), state)``: the state after every key, of fixed size ``(..., Dphi, Ev)`` + ``(..., Dphi)``.
@@ -240,7 +240,9 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
     for ``k`` by ``v``, instead of adding ``v`` on top (the plain linear memory, ``S += v k^T``).
 
     Args:
-        query, key: (..., L, E); value: (..., L, Ev). Keys are used as given (normalize them for ``beta = 1``).
+        query: (..., L, E).
+        key: (..., L, E), used as given (normalize the keys for ``beta = 1``).
+        value: (..., L, Ev).
         beta: the write strength in ``[0, 2]``: a float, or a tensor (..., L) of one per key.
         state: (..., Ev, E) to continue from, or ``None`` (zeros).
 
@@ -297,6 +299,7 @@ def draw_omega(num_features: int, dim: int, *, generator: torch.Generator | None
     return torch.randn(m, d, generator=generator, dtype=dtype)
 
 
+#: The two kinds of random features.
 KINDS = ("positive", "trig")
 
 

@@ -23,8 +23,9 @@ from attention_core._checks import check_positive_int, check_tensor, fmt_shape
 from attention_core.functional import scaled_dot_product_attention
 from attention_core.linear_attention import linear_attention
 
-__all__ = ["KINDS", "HybridLM", "build_hybrid_lm"]
+__all__ = ["KINDS", "HybridLM", "MixerBlock", "build_hybrid_lm"]
 
+#: The attention a layer may use.
 KINDS = ("softmax", "window", "linear")
 
 
