@@ -88,3 +88,14 @@ def test_shipped_checkpoints_load_verified_and_are_small(name):
     assert model.config["layers"] == hy.HYBRID_RECIPES[name].layers.split("+")
     assert build_hybrid_lm(model.config).config == model.config
     assert entry["val_loss"] < 3.0  # far below uniform guessing over 65 characters (ln 65 = 4.17)
+
+
+def test_building_and_loading_leave_the_global_rng_alone():
+    torch.manual_seed(1234)
+    torch.rand(3)
+    before = torch.get_rng_state()
+    hy.load_or_train_hybrid("hybrid_linear")
+    a = build_hybrid_lm({"vocab_size": 11, "layers": ["linear"], "d_model": 16, "num_heads": 2}, seed=3)
+    assert torch.equal(torch.get_rng_state(), before)
+    b = build_hybrid_lm({"vocab_size": 11, "layers": ["linear"], "d_model": 16, "num_heads": 2}, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

@@ -127,6 +127,12 @@ class HybridLM(nn.Module):
         return sum(per[k] for k in self.config["layers"])
 
 
-def build_hybrid_lm(config: Dict[str, Any]) -> HybridLM:
-    """A :class:`HybridLM` from its config dict (what a checkpoint stores)."""
-    return HybridLM(**config)
+def build_hybrid_lm(config: Dict[str, Any], seed: int = 0) -> HybridLM:
+    """A :class:`HybridLM` from its config dict (what a checkpoint stores), its weights drawn from a generator
+    seeded with ``seed`` inside ``torch.random.fork_rng``: torch's global generator is left as it was."""
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
+    check_positive_int(seed, "seed", allow_zero=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return HybridLM(**config)

@@ -84,8 +84,7 @@ def train_hybrid(recipe: HybridRecipe, corpus: Optional[Corpus] = None) -> Tuple
     if not isinstance(recipe, HybridRecipe):
         raise TypeError(f"recipe must be a HybridRecipe, got {type(recipe).__name__}")
     corpus = corpus or load_corpus()
-    torch.manual_seed(recipe.seed)
-    model = build_hybrid_lm(recipe.config(len(corpus.vocab))).train()
+    model = build_hybrid_lm(recipe.config(len(corpus.vocab)), seed=recipe.seed).train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
