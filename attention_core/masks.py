@@ -9,6 +9,10 @@ Other vocabularies are converted here, at the edge: valid lengths (d2l's ``valid
 :func:`padding_mask`, and ``torch.nn.MultiheadAttention``'s *opposite* bool convention (True = NOT allowed)
 with :func:`to_torch_mha_mask` / :func:`from_torch_mha_mask`.
 
+Every mask here is the dense form of a predicate of :mod:`attention_core.mask_mods` (the mask language that
+:func:`attention_core.flex_attention.create_block_mask` turns into tiles): :func:`causal_mask` is ``causal``,
+:func:`sliding_window_mask` is ``sliding_window``.
+
 All positions are aligned upper-left: query ``i`` and key ``j`` count from 0 at the start of their sequences,
 as in ``torch.tril(torch.ones(L, S))``, which is what SDPA's ``is_causal`` means.
 """
@@ -20,6 +24,7 @@ from typing import Union
 
 import torch
 
+from attention_core import mask_mods
 from attention_core._checks import (
     broadcast_or_none,
     check_bool_flag,
@@ -31,6 +36,7 @@ from attention_core._checks import (
     fmt_shape,
     short_repr,
 )
+from attention_core.mask_mods import dense_mask
 
 __all__ = [
     "causal_mask",
@@ -67,7 +73,7 @@ def causal_mask(L: int, S: int | None = None, *, device: Device = None) -> torch
     S = L if S is None else check_positive_int(S, "S", allow_zero=True)
     device = check_device(device)
     _check_numel(L, S)
-    return torch.ones(L, S, dtype=torch.bool, device=device).tril()
+    return dense_mask(mask_mods.causal, 1, 1, L, S, device)[0, 0]  # the causal mod on every pair
 
 
 def sliding_window_mask(
@@ -97,11 +103,7 @@ def sliding_window_mask(
     check_bool_flag(causal, "causal")
     device = check_device(device)
     _check_numel(L, S)
-    i = torch.arange(L, device=device)[:, None]  # (L,) -> (L, 1)
-    j = torch.arange(S, device=device)[None, :]  # (S,) -> (1, S)
-    if causal:
-        return (j <= i) & (j > i - window)
-    return (i - j).abs() <= window // 2
+    return dense_mask(mask_mods.sliding_window(window, causal), 1, 1, L, S, device)[0, 0]  # (L, S)
 
 
 def padding_mask(

@@ -26,6 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import attention_core as ac  # noqa: E402
 from attention_core import explain, masks, pretrained  # noqa: E402
+from attention_core import linear_attention as la
 from attention_core.backends.reference import softmax_with_mask  # noqa: E402
 from attention_core.booktools import chapter_exercises as ce  # noqa: E402
 from attention_core.booktools import code_checks, exercises  # noqa: E402
@@ -40,6 +41,7 @@ NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch0
             "ch04": "04_luong", "ch05": "05_self_attention", "ch06": "06_multi_head_attention",
             "ch07": "07_positional_information", "ch08": "08_transformer", "ch09": "09_attention_at_scale",
             "ch10": "10_pretrained_minilm", "ch11": "11_decoder_only_lm",
+            "ch12": "12_beyond_dense_attention",
             "ch13": "13_attention_as_explanation"}
 NEG_INF = float("-inf")
 LIBRARY = "is not available while your"  # what a blocked library function says
@@ -189,6 +191,17 @@ CH11 = [("float mask", lambda L, S, w: ce._decode(L, S, w).float()),
         ("transposed (S, L)", lambda L, S, w: ce._decode(L, S, w).T),
         ("window None crashes", lambda L, S, w: ce._decode(L, S, w) & (torch.arange(S) > S - 1 - w))]
 CH11_LIBRARY = [lambda L, S, w: lm.cached_causal_mask(L, S, w)]
+CH12 = [("softmax attention instead", lambda q, k, v: torch.softmax(
+            (q @ k.transpose(-2, -1)).masked_fill(~torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril(),
+                                                  NEG_INF), -1) @ v),
+        ("relu feature map", lambda q, k, v: ce._linear(q, k, v, phi=F.relu)),
+        ("exp feature map", lambda q, k, v: ce._linear(q, k, v, phi=torch.exp)),
+        ("state read before the write", lambda q, k, v: ce._linear(q, k, v, causal_offset=-1).nan_to_num()),
+        ("normalizer over every key", lambda q, k, v: ce._linear(q, k, v, normalize=False)
+         / ce._linear(q, k, torch.ones_like(v[..., :1]), causal=False, normalize=False))]
+CH12_LIBRARY = [lambda q, k, v: la.linear_attention(q, k, v, is_causal=True, eps=0.0),
+                lambda q, k, v: la.linear_attention_recurrent(q, k, v, eps=0.0)[0],
+                lambda q, k, v: la.linear_attention_chunked(q, k, v, chunk_size=2, eps=0.0)]
 
 CH13 = [("operator precedence: A + I / 2", lambda m: _rollout_with(m, lambda a, eye: a + eye / 2)),
         ("residual added once, after the product", lambda m: (ce._rollout(m, residual=False)
@@ -253,6 +266,7 @@ EXTRA = {
     "ch11.decode_mask": (CH11, CH11_LIBRARY + [
         lambda L, S, w: _LIBRARY_IN_A_DICT["cm"](L, S, w),
         lambda L, S, w: (masks.causal_mask(S) if w is None else masks.sliding_window_mask(S, w))[S - L:]]),
+    "ch12.causal_linear_attention": (CH12, CH12_LIBRARY),
     "ch13.rollout": (CH13, CH13_LIBRARY),
 }
 MUTANTS: dict = {}
@@ -342,6 +356,19 @@ def _ch10_float32(hidden, mask):
     return torch.stack([h[b, mask[b]].sum(0) for b in range(h.shape[0])]) / counts
 
 
+def _ch12_running_sums(query, key, value):
+    """The recurrent form, one token at a time, in float64 (the reader's dtype given back)."""
+    fq, fk = (F.elu(x.double()) + 1 for x in (query, key))
+    S = torch.zeros(*fk.shape[:-2], fk.shape[-1], value.shape[-1], dtype=torch.float64)
+    z = torch.zeros(fk.shape[:-1][:-1] + fk.shape[-1:], dtype=torch.float64)
+    outs = []
+    for t in range(fq.shape[-2]):
+        S = S + fk[..., t, :, None] * value.double()[..., t, None, :]
+        z = z + fk[..., t, :]
+        outs.append((fq[..., t, None, :] @ S)[..., 0, :] / (fq[..., t, :] * z).sum(-1, keepdim=True))
+    return torch.stack(outs, -2).to(value.dtype)
+
+
 def _ch11_triangles(L, S, window):
     ones = torch.ones(L, S, dtype=torch.bool)
     mask = ones.tril(S - L)
@@ -361,7 +388,8 @@ ALTERNATIVES = {"ch01.boxcar_nw": [_ch01_loop], "ch02.masked_softmax": [_ch02_wh
                 "ch05.causal_attention": [_ch05_einsum], "ch06.causal_multi_head": [_ch06_alt],
                 "ch07.rope": [_ch07_complex], "ch08.causal_attention": [_ch08_float64],
                 "ch09.merge_partials": [_ch09_float32], "ch10.mean_pool": [_ch10_float32],
-                "ch11.decode_mask": [_ch11_triangles], "ch13.rollout": [_ch13_float32_loop]}
+                "ch11.decode_mask": [_ch11_triangles],
+                "ch12.causal_linear_attention": [_ch12_running_sums], "ch13.rollout": [_ch13_float32_loop]}
 
 
 # ------------------------------------------------------------------------------------------ worked solutions
@@ -449,6 +477,13 @@ def mean_pool(hidden, mask):
     m = mask.to(hidden.dtype)[..., None]
     return (hidden * m).sum(1) / m.sum(1)
 """,
+    "ch12.causal_linear_attention": """
+def causal_linear_attention(query, key, value):
+    fq, fk = torch.nn.functional.elu(query) + 1, torch.nn.functional.elu(key) + 1
+    L = query.shape[-2]
+    A = (fq @ fk.transpose(-2, -1)) * torch.ones(L, L, dtype=torch.bool).tril()
+    return (A @ value) / A.sum(-1, keepdim=True)
+""",
     "ch11.decode_mask": """
 def decode_mask(L, S, window):
     i = torch.arange(L)[:, None] + (S - L)
@@ -496,7 +531,7 @@ def test_at_least_four_mutants_per_exercise(capsys):
     with capsys.disabled():
         print("\nmutants per code exercise:", ", ".join(f"{k} {n}" for k, n in counts.items()),
               f"(total {sum(counts.values())})")
-    assert set(counts) == set(ce.EXERCISES) and len(counts) == 12
+    assert set(counts) == set(ce.EXERCISES) and len(counts) == 13
     assert all(n >= 4 for n in counts.values()), counts
 
 
@@ -569,6 +604,7 @@ STATEMENT_OUTPUT = {
     "ch09.merge_partials": "([2.5413], 2.0, 1.1353)",
     "ch10.mean_pool": "[[2.0, 3.0]]",
     "ch11.decode_mask": "[[True, True, True, False], [True, True, True, True]]",
+    "ch12.causal_linear_attention": "[[2.0], [3.0]]",
     "ch13.rollout": "[[0.75, 0.25], [0.5, 0.5]]",
 }
 

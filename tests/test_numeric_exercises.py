@@ -75,6 +75,10 @@ MISTAKES: dict[tuple[str, str], list[float]] = {
     # uniform; bits; sign; a term lost
     ("10", "entropy (nats)"): [math.log(3), 1.5, -1.0397207708399179, 0.5 * math.log(2) + 0.25 * math.log(4)],
     # d_r lost; K or V only; d_r = E; multiplied
+    # K or V only (E + 1); (E + 1)/2 rounded down; times the 32 layers; divided by them
+    ("12", "tokens at which the cache equals the state"): [129.0, 64.0, 64.5 * 32, 64.5 / 32],
+    # the band alone; not causal; dense causal; stride 65; 2 sqrt(L) per row
+    ("12", "pairs of the strided pattern, L = 4096, stride 64"): [260128, 774208, 4096 * 4097 / 2, 391168, 4096 * 128],
     ("11", "MHA cache / MLA cache, 32 heads"): [2 * 32 / 4, 32 / 4.5, 2 * 32 / 5, 2 * 32 * 4.5],
     # bits; KL(p||q) = ln 4; the two KLs not halved; the ceiling ln 2
     ("13", "JSD (nats)"): [0.5490, math.log(4), 0.7610, math.log(2)],

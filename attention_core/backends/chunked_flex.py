@@ -1,0 +1,368 @@
+"""FlexAttention's tiles on a CPU (or any device) in plain torch: empty tiles skipped, full tiles unmasked.
+
+The loops are :mod:`attention_core.backends.chunked`'s online softmax (running max ``m``, denominator ``l``,
+output ``acc``; the backward recomputes each tile from the saved log-sum-exp), driven by a
+:class:`~attention_core.flex_attention.BlockMask` instead of ``is_causal``:
+
+- a query tile visits only the key tiles the block mask lists for it, full ones and partial ones, in key
+  order; an **empty** tile is never read, so a window of 256 keys costs the same at L = 8,192 as at 512;
+- the keys of consecutive tiles are read as one slice (a causal row, or a window, is one run of tiles; the
+  sinks' tile before it is a second run, gathered with ``index_select``), up to ``chunk_keys`` keys per
+  product, so each step of the Python loop moves a large matrix product rather than one small tile;
+- a **full** tile takes no mask; a **partial** tile evaluates ``mask_mod`` on its own (Bq, Bk) pairs only;
+- a ``score_mod`` edits each chunk's scores (natural units: the mod sees ``scale * q.k``, as in PyTorch); its
+  derivative, and the gradients of tensors it captured (a bias table, ALiBi slopes), come from autograd on
+  that one chunk in the backward, so memory stays O(chunk).
+
+Exponentials are base 2 when there is no ``score_mod`` (``log2(e)`` folded into the query scale, as in the
+chunked backend); with one, the scores stay in natural units for the mod. Layout: plan (which keys each query
+tile reads) -> tile loops -> ``torch.autograd.Function`` -> public function.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+from torch.autograd.function import once_differentiable
+
+__all__ = ["CHUNK_KEYS", "captured_tensors", "chunked_flex_attention"]
+
+#: Most keys one product reads: a (128, 1024) float32 score chunk is 512 KiB, half of a 1 MiB L2 cache, the
+#: size the chunked backend's (256, 512) tiles were chosen for.
+CHUNK_KEYS = 1024
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+_NEG_INF = float("-inf")
+
+
+# ------------------------------------------------------------------------------------------------- plan
+
+
+@dataclass
+class _Chunk:
+    """Keys one product reads: a slice [k0, k1) or gathered ``cols``, and the partial tiles inside it."""
+
+    k0: int
+    k1: int
+    cols: torch.Tensor | None  # (nc,) int64 when the keys are not one run; else None
+    kv_idx: torch.Tensor  # (1, 1, nc) the keys' positions, for the mods
+    partial: list = field(default_factory=list)  # [(c0, c1)] column ranges of partial tiles within the chunk
+    part_pos: torch.Tensor | None = None  # (np,) positions of the partial tiles' columns within the chunk
+    part_kv: torch.Tensor | None = None  # (1, 1, np) their key positions: the predicate's kv_idx
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows of ``x`` (G, S, D) that the chunk reads: (G, nc, D), a view for a slice."""
+        return x[:, self.k0:self.k1] if self.cols is None else x.index_select(1, self.cols)
+
+    def add_into(self, acc: torch.Tensor, x: torch.Tensor) -> None:
+        """``acc[:, keys] += x`` for acc (G, S, D), x (G, nc, D)."""
+        if self.cols is None:
+            acc[:, self.k0:self.k1].add_(x)
+        else:
+            acc.index_add_(1, self.cols, x)
+
+
+def _row_plan(partial: list[int], full: list[int], Bk: int, S: int, chunk_tiles: int, device) -> list[_Chunk]:
+    """Chunks of one query tile: its non-empty key tiles in order, ``chunk_tiles`` at most per chunk."""
+    tiles = sorted([(t, False) for t in partial] + [(t, True) for t in full])
+    chunks = []
+    for c in range(0, len(tiles), chunk_tiles):
+        part = tiles[c:c + chunk_tiles]
+        runs = [[part[0][0], part[0][0]]]  # [first tile, last tile] of each run of consecutive tiles
+        for t, _ in part[1:]:
+            if t == runs[-1][1] + 1:
+                runs[-1][1] = t
+            else:
+                runs.append([t, t])
+        ranges = [(a * Bk, min(S, (z + 1) * Bk)) for a, z in runs]
+        if len(ranges) == 1:
+            cols = None
+            kv = torch.arange(ranges[0][0], ranges[0][1], device=device)
+        else:
+            kv = cols = torch.cat([torch.arange(a, z, device=device) for a, z in ranges])
+        chunk = _Chunk(ranges[0][0], ranges[-1][1], cols, kv.view(1, 1, -1))
+        pos = 0
+        for t, is_full in part:
+            width = min(S, (t + 1) * Bk) - t * Bk
+            if not is_full:
+                chunk.partial.append((pos, pos + width))
+            pos += width
+        if chunk.partial:
+            if len(chunk.partial) == 1:  # one partial tile: a slice, no index tensor
+                chunk.part_pos = slice(*chunk.partial[0])
+            else:
+                chunk.part_pos = torch.cat([torch.arange(c0, c1, device=device) for c0, c1 in chunk.partial])
+            chunk.part_kv = chunk.kv_idx[..., chunk.part_pos]
+        chunks.append(chunk)
+    return chunks
+
+
+class _Plan:
+    """For each group of (batch, head) pairs sharing one mask entry: index grids and each query tile's chunks."""
+
+    def __init__(self, block_mask, B: int, H: int, L: int, S: int, chunk_keys: int, device):
+        from attention_core.flex_attention import BLOCK_SIZE
+
+        if block_mask is None:  # every tile full, no predicate
+            Bq = Bk = BLOCK_SIZE
+            nQ, nK = -(-L // Bq), -(-S // Bk)
+            Bm = Hm = 1
+            rows = {(0, 0): [([], list(range(nK))) for _ in range(nQ)]}
+            self.mask_mod = None
+        else:
+            Bq, Bk = block_mask.BLOCK_SIZE
+            Bm, Hm = block_mask.shape[:2]
+            num, idx = block_mask.kv_num_blocks.tolist(), block_mask.kv_indices.tolist()
+            fnum, fidx = block_mask.full_kv_num_blocks.tolist(), block_mask.full_kv_indices.tolist()
+            rows = {(b, h): [(idx[b][h][r][:num[b][h][r]], fidx[b][h][r][:fnum[b][h][r]])
+                             for r in range(len(num[b][h]))] for b in range(Bm) for h in range(Hm)}
+            self.mask_mod = block_mask.mask_mod
+        self.Bq = Bq
+        chunk_tiles = max(1, chunk_keys // Bk)
+        self.groups = []
+        for (bm, hm), tiles in rows.items():
+            bs = slice(None) if Bm == 1 else slice(bm, bm + 1)
+            hs = slice(None) if Hm == 1 else slice(hm, hm + 1)
+            b_idx = torch.arange(B, device=device)[bs]
+            h_idx = torch.arange(H, device=device)[hs]
+            nb, nh = len(b_idx), len(h_idx)
+            b_idx = b_idx.view(nb, 1).expand(nb, nh).reshape(-1, 1, 1)  # (G, 1, 1)
+            h_idx = h_idx.view(1, nh).expand(nb, nh).reshape(-1, 1, 1)  # (G, 1, 1)
+            plan = [_row_plan(p, f, Bk, S, chunk_tiles, device) for p, f in tiles]
+            self.groups.append(((bs, hs), b_idx, h_idx, plan))
+
+
+def _take(x: torch.Tensor, sel) -> torch.Tensor:
+    """(B, H, N, D)[sel] -> (G, N, D), a view when it can be."""
+    return x[sel].flatten(0, 1)  # (Bg, Hg, N, D) -> (G, N, D)
+
+
+# ------------------------------------------------------------------------------------------------ tiles
+
+
+class _Run:
+    """What the loops share: the plan, the mods and the score units."""
+
+    def __init__(self, plan: _Plan, score_mod, scale: float):
+        self.plan, self.score_mod, self.scale = plan, score_mod, scale
+        self.natural = score_mod is not None  # a score_mod sees natural units
+        self.unit = 1.0 if self.natural else _LOG2E
+        self.scale2 = scale * self.unit
+
+    def exp_(self, x: torch.Tensor) -> torch.Tensor:
+        return x.exp_() if self.natural else x.exp2_()
+
+    def mask_(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
+        """Hide the pairs the predicate removes, in place: one evaluation on the partial tiles' columns only."""
+        if chunk.part_kv is None:
+            return s
+        hidden = ~self.plan.mask_mod(b_idx, h_idx, q_idx, chunk.part_kv)  # (G or 1, bl or 1, np)
+        if isinstance(chunk.part_pos, slice):
+            s[:, :, chunk.part_pos].masked_fill_(hidden, _NEG_INF)
+        else:  # scatter the partial columns' verdicts into a chunk-wide mask
+            full = torch.zeros(*hidden.shape[:-1], s.shape[-1], dtype=torch.bool, device=s.device)
+            full[..., chunk.part_pos] = hidden
+            s.masked_fill_(full, _NEG_INF)
+        return s
+
+    def modded(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
+        """The score_mod applied to a chunk of scores (G, bl, nc); a new tensor of that shape."""
+        out = self.score_mod(s, b_idx, h_idx, q_idx, chunk.kv_idx)
+        return out.expand(s.shape) if out.shape != s.shape else out
+
+
+def _forward(run: _Run, q, k, v, out, lse) -> None:
+    """Fill out (B, H, L, Ev, zeros) and lse (B, H, L, 1, +inf) in natural units; rows that read nothing stay."""
+    L = q.shape[2]
+    lowest = torch.finfo(q.dtype).min
+    for sel, b_idx, h_idx, plan in run.plan.groups:
+        qg, kg, vg = _take(q, sel), _take(k, sel), _take(v, sel)  # (G, L, E), (G, S, E), (G, S, Ev)
+        G, Ev = qg.shape[0], vg.shape[-1]
+        og, lg = _take(out, sel), _take(lse, sel)  # (G, L, Ev), (G, L, 1): views of the zeros / +inf below
+        rows = torch.arange(L, device=q.device).view(1, L, 1)
+        for r, chunks in enumerate(plan):
+            if not chunks:
+                continue  # a query tile that reads nothing: zeros, lse +inf
+            r0, r1 = r * run.plan.Bq, min(L, (r + 1) * run.plan.Bq)
+            # (1, bl, 1) positions, and the tile's queries times scale (and log2 e): (G, bl, E), one tile at a
+            # time so that the forward's extra memory stays a few tiles
+            q_idx, qs = rows[:, r0:r1], qg[:, r0:r1] * run.scale2
+            for i, chunk in enumerate(chunks):
+                s = torch.bmm(qs, chunk.take(kg).transpose(1, 2))  # (G, bl, E) @ (G, E, nc) -> (G, bl, nc)
+                if run.score_mod is not None:
+                    s = run.modded(s, chunk, b_idx, h_idx, q_idx).clone()
+                run.mask_(s, chunk, b_idx, h_idx, q_idx)
+                if i == 0:  # the first chunk starts the running sums (no rescaling)
+                    m = s.amax(-1, keepdim=True).clamp_min_(lowest)  # lowest, not -inf: exp(-inf - m) = 0
+                    p = run.exp_(s.sub_(m))  # (G, bl, nc), in place: the scores are not needed again
+                    denom = p.sum(-1, keepdim=True)
+                    acc = torch.bmm(p, chunk.take(vg))  # (G, bl, nc) @ (G, nc, Ev)
+                    continue
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # (G, bl, 1)
+                p = run.exp_(s.sub_(m_new))
+                alpha = run.exp_(m.sub_(m_new))  # rescales what was summed under the old max
+                denom = denom.mul_(alpha).add_(p.sum(-1, keepdim=True))
+                acc = torch.baddbmm(acc.mul_(alpha), p, chunk.take(vg))  # + (G, bl, nc) @ (G, nc, Ev)
+                m = m_new
+            alive = denom > 0  # every pair masked: zeros, and lse = +inf so the backward's p is 0
+            torch.div(acc, denom.clamp_min(torch.finfo(q.dtype).tiny), out=og[:, r0:r1])
+            natural_lse = m.add_(denom.log()) if run.natural else m.add_(denom.log2()).mul_(_LN2)
+            lg[:, r0:r1] = torch.where(alive, natural_lse, float("inf"))
+        if og.data_ptr() != out[sel].data_ptr():  # not a view after all: write back
+            out[sel] = og.view(out[sel].shape)
+            lse[sel] = lg.view(lse[sel].shape)
+
+
+def _backward(run: _Run, q, k, v, out, lse, grad_out, captured):
+    """dq, dk, dv (shapes of q, k, v) and the gradients of the score_mod's captured tensors."""
+    L, E = q.shape[2], q.shape[3]
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # captured tensors' gradients are sums over every chunk: accumulated in float32 at least, cast at the end
+    dcap = [torch.zeros_like(c, dtype=torch.promote_types(c.dtype, torch.float32)) for c in captured]
+    delta_all = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1): rowsum(dO * O) = rowsum(P * dP)
+    for sel, b_idx, h_idx, plan in run.plan.groups:
+        qg, kg, vg = _take(q, sel), _take(k, sel), _take(v, sel)
+        dog, lg, deltag = _take(grad_out, sel), _take(lse, sel) * run.unit, _take(delta_all, sel)
+        dqg, dkg, dvg = torch.zeros_like(qg), torch.zeros_like(kg), torch.zeros_like(vg)
+        q_all = qg * run.scale2  # (G, L, E)
+        rows = torch.arange(L, device=q.device).view(1, L, 1)
+        for r, chunks in enumerate(plan):
+            if not chunks:
+                continue
+            r0, r1 = r * run.plan.Bq, min(L, (r + 1) * run.plan.Bq)
+            q_idx, qs = rows[:, r0:r1], q_all[:, r0:r1]  # (1, bl, 1), (G, bl, E)
+            do, lse_t, delta = dog[:, r0:r1], lg[:, r0:r1], deltag[:, r0:r1]  # (G, bl, Ev), (G, bl, 1) x 2
+            dq_t = torch.zeros_like(qs)
+            for chunk in chunks:
+                kc, vc = chunk.take(kg), chunk.take(vg)  # (G, nc, E), (G, nc, Ev)
+                if run.score_mod is None:
+                    s = torch.bmm(qs, kc.transpose(1, 2))  # (G, bl, nc)
+                else:
+                    with torch.enable_grad():
+                        raw = torch.bmm(qs, kc.transpose(1, 2)).requires_grad_()
+                        modded = run.modded(raw, chunk, b_idx, h_idx, q_idx)
+                    s = modded.detach().clone()
+                run.mask_(s, chunk, b_idx, h_idx, q_idx)
+                p = run.exp_(s.sub_(lse_t))  # (G, bl, nc), recomputed from the saved log-sum-exp
+                chunk.add_into(dvg, torch.bmm(p.transpose(1, 2), do))  # (G, nc, bl) @ (G, bl, Ev)
+                ds = torch.bmm(do, vc.transpose(1, 2)).sub_(delta).mul_(p)  # dS = P * (dP - delta), (G, bl, nc)
+                if run.score_mod is not None:
+                    ds = _through_score_mod(raw, modded, ds, captured, dcap)
+                dq_t.baddbmm_(ds, kc)  # += (G, bl, nc) @ (G, nc, E)
+                chunk.add_into(dkg, torch.bmm(ds.transpose(1, 2), qs))  # (G, nc, bl) @ (G, bl, E)
+            dqg[:, r0:r1] = dq_t * run.scale
+        dq[sel] = dqg.view(dq[sel].shape)
+        dk[sel] = (dkg if run.natural else dkg * _LN2).view(dk[sel].shape)  # qs carried scale * log2(e)
+        dv[sel] = dvg.view(dv[sel].shape)
+    return dq, dk, dv, [g.to(c.dtype) for g, c in zip(dcap, captured)]
+
+
+def _through_score_mod(raw, modded, ds, captured, dcap):
+    """Chain rule through the score_mod on one chunk: d(raw) and += d(captured tensors)."""
+    if not modded.requires_grad:  # the mod ignored the score and every captured tensor
+        return torch.zeros_like(ds)
+    grads = torch.autograd.grad(modded, [raw, *captured], ds, allow_unused=True)
+    for acc, g in zip(dcap, grads[1:]):
+        if g is not None:
+            acc.add_(g)
+    return grads[0] if grads[0] is not None else torch.zeros_like(ds)
+
+
+# ---------------------------------------------------------------------------------------------- autograd
+
+
+class _ChunkedFlex(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run, query, key, value, *captured):
+        dt = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+        q, k, v = query.to(dt), key.to(dt), value.to(dt)
+        out = q.new_zeros(*q.shape[:3], v.shape[-1])  # (B, H, L, Ev): rows that read nothing stay 0
+        lse = q.new_full((*q.shape[:3], 1), float("inf"))  # (B, H, L, 1): +inf there (the backward's p = 0)
+        _forward(run, q, k, v, out, lse)
+        ctx.run, ctx.dtypes = run, (query.dtype, key.dtype, value.dtype)
+        ctx.captured = captured  # the very tensors the score_mod's closure holds (autograd.grad asks for them)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out.to(query.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv, dcap = _backward(ctx.run, q, k, v, out, lse, grad_out.to(q.dtype), ctx.captured)
+        dq, dk, dv = (g.to(d) for g, d in zip((dq, dk, dv), ctx.dtypes))
+        return (None, dq, dk, dv, *dcap)
+
+
+# ---------------------------------------------------------------------------------------------- public
+
+
+def captured_tensors(fn) -> list[torch.Tensor]:
+    """Tensors that require grad and that ``fn`` reaches through its closure, defaults, a ``functools.partial``'s
+    arguments or a module's parameters, recursively (a composed mod's inner mods too). These are the tensors
+    whose gradients the ``chunked`` backend returns."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+
+    def visit(x, depth: int) -> None:
+        if depth > 8 or id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad:
+                found.setdefault(id(x), x)
+        elif isinstance(x, torch.nn.Module):
+            for p in x.parameters():
+                visit(p, depth + 1)
+        elif isinstance(x, functools.partial):
+            for a in (x.func, *x.args, *x.keywords.values()):
+                visit(a, depth + 1)
+        elif isinstance(x, (list, tuple)):
+            for a in x:
+                visit(a, depth + 1)
+        elif isinstance(x, dict):
+            for a in x.values():
+                visit(a, depth + 1)
+        elif callable(x):
+            for cell in getattr(x, "__closure__", None) or ():
+                try:
+                    visit(cell.cell_contents, depth + 1)
+                except ValueError:  # an empty cell
+                    pass
+            for a in (getattr(x, "__defaults__", None) or ()):
+                visit(a, depth + 1)
+            for a in (getattr(x, "__kwdefaults__", None) or {}).values():
+                visit(a, depth + 1)
+            if not isinstance(x, type) and hasattr(x, "__dict__") and not hasattr(x, "__code__"):
+                visit(vars(x), depth + 1)  # a callable object's attributes
+
+    visit(fn, 0)
+    return list(found.values())
+
+
+def chunked_flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, *,
+                           chunk_keys: int = CHUNK_KEYS) -> torch.Tensor:
+    """Flex attention over the block mask's non-empty tiles, with autograd for q, k, v and captured tensors.
+
+    Takes validated inputs with as many key/value heads as query heads (the public way in is
+    :func:`attention_core.flex_attention.flex_attention`, which checks shapes and expands GQA).
+
+    Args:
+        query: (B, H, L, E); key: (B, H, S, E); value: (B, H, S, Ev), one floating dtype.
+        score_mod: ``score_mod(score, b, h, q_idx, kv_idx)`` or ``None``.
+        block_mask: a :class:`~attention_core.flex_attention.BlockMask` of (L, S), or ``None`` (all tiles full).
+        scale: score scale, default ``1 / sqrt(E)``.
+        chunk_keys: most keys per matrix product (consecutive tiles are merged up to it).
+
+    Returns:
+        (B, H, L, Ev) in the query's dtype; rows that read no key are zeros.
+    """
+    if isinstance(chunk_keys, bool) or not isinstance(chunk_keys, int) or chunk_keys < 1:
+        raise ValueError(f"chunk_keys must be a positive int, got {chunk_keys!r}")
+    B, H, L, E = query.shape
+    S = key.shape[2]
+    scale = E ** -0.5 if scale is None else float(scale)
+    plan = _Plan(block_mask, B, H, L, S, chunk_keys, query.device)
+    captured = captured_tensors(score_mod) if score_mod is not None else []
+    return _ChunkedFlex.apply(_Run(plan, score_mod, scale), query, key, value, *captured)

@@ -1,0 +1,288 @@
+"""FlexAttention's forward in Triton: one program per (query tile, batch x head), visiting only the key tiles
+its block mask lists.
+
+A program reads its row of the :class:`~attention_core.flex_attention.BlockMask` (the counts and indices of
+its full and its partial key tiles), then runs the online softmax of FlashAttention over the **full** tiles
+without evaluating any predicate, and over the **partial** tiles with the predicate compiled in. Empty tiles
+are never loaded: the loop bounds come from the block mask, so the work is proportional to the non-empty
+tiles, as in the ``chunked`` backend.
+
+A Python ``mask_mod`` cannot be compiled into a Triton kernel by this module (PyTorch's FlexAttention traces
+it with ``torch.compile``); instead the library's own mods carry their kind and arguments
+(``mod.flex_kind``), and the kernel has each of them as a compile-time ``MASK`` branch:
+
+===================== ======================================================
+MASK                   mod
+===================== ======================================================
+0 noop                 every pair (no block mask)
+1 causal               ``causal``
+2 window               ``sliding_window(w)`` (causal)
+3 sinks_window         ``sinks_and_window(n, w)``
+4 document             ``document(ids)`` with 1-D ids
+5 prefix_lm            ``prefix_lm(n)``
+6 bottom_right         ``causal_bottom_right(L, S)``
+7 document_causal      ``and_masks(document(ids), causal)``
+8 window_two_sided     ``sliding_window(w, causal=False)``
+===================== ======================================================
+
+and score mods ``SCORE``: 0 none, 1 ``alibi(slopes)``, 2 ``soft_cap(cap)``, 3 ``relative_position_bias``.
+Any other mod raises a ``ValueError`` that names it (use ``backend="chunked"``, which runs every mod).
+
+Forward only: a call that needs gradients raises (``chunked`` has the backward). Dtypes float16 and bfloat16
+(float32 accumulation) and float32 (IEEE dots); E = Ev <= 128. Kernel tiles are the block mask's tiles
+(``BLOCK_SIZE``, powers of two >= 16). Under ``TRITON_INTERPRET=1`` (set before import) the kernel runs on
+the CPU in NumPy: that is how the tests check it. What it costs on sm_80 / sm_90 (registers, spills) is in
+``benchmarks/results/triton_flex_resources.json`` (``benchmarks/triton_flex_resources.py``).
+
+Layout: jit helpers and kernel -> launcher (recognise the mods, validate, allocate, grid) -> public function.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["INTERPRET", "MASK_KINDS", "SCORE_KINDS", "compile_args", "triton_flex_attention"]
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+MASK_KINDS = {"noop": 0, "causal": 1, "window": 2, "sinks_window": 3, "document": 4, "prefix_lm": 5,
+              "bottom_right": 6, "document_causal": 7, "window_two_sided": 8}
+SCORE_KINDS = {None: 0, "alibi": 1, "soft_cap": 2, "relative_position_bias": 3}
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _keep(q, kv, DOC, L, S, P0, P1, MASK: tl.constexpr):
+    """The compiled mask_mod: q (BLOCK_M, 1) and kv (1, BLOCK_N) positions -> bool (BLOCK_M, BLOCK_N)."""
+    if MASK == 1:
+        keep = kv <= q
+    elif MASK == 2:
+        keep = (kv <= q) & (q - kv < P1)
+    elif MASK == 3:
+        keep = (kv <= q) & ((kv < P0) | (q - kv < P1))
+    elif MASK == 4:
+        keep = tl.load(DOC + tl.minimum(q, L - 1)) == tl.load(DOC + tl.minimum(kv, S - 1))
+    elif MASK == 5:
+        keep = (kv < P0) | (kv <= q)
+    elif MASK == 6:
+        keep = kv <= q + P0
+    elif MASK == 7:
+        same = tl.load(DOC + tl.minimum(q, L - 1)) == tl.load(DOC + tl.minimum(kv, S - 1))
+        keep = same & (kv <= q)
+    elif MASK == 8:
+        keep = ((q - kv) <= P1) & ((kv - q) <= P1)
+    else:
+        keep = (q >= 0) & (kv >= 0)
+    return keep
+
+
+@triton.jit
+def _score(s, q, kv, h, SLOPES, TABLE, CAP, P2, SCORE: tl.constexpr):
+    """The compiled score_mod on natural-unit scores s (BLOCK_M, BLOCK_N), float32."""
+    if SCORE == 1:
+        s = s + tl.load(SLOPES + h).to(tl.float32) * (kv - q).to(tl.float32)
+    elif SCORE == 2:
+        s = CAP * (2.0 / (1.0 + tl.exp(-2.0 * (s / CAP))) - 1.0)  # cap * tanh(s / cap)
+    elif SCORE == 3:
+        d = tl.minimum(tl.maximum(kv - q, -P2), P2) + P2
+        s = s + tl.load(TABLE + h * (2 * P2 + 1) + d).to(tl.float32)
+    return s
+
+
+@triton.jit
+def _tile(acc, l_i, m_i, q, K, V, kv_base, t, offs_m, offs_d, h, DOC, SLOPES, TABLE, sm_scale, CAP,
+          L, S, P0, P1, P2, E: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, SCORE: tl.constexpr,
+          PARTIAL: tl.constexpr, IEEE: tl.constexpr):
+    """One key tile ``t`` of the online softmax; the predicate only when PARTIAL."""
+    offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_k = (offs_n[:, None] < S) & (offs_d[None, :] < E)
+    k = tl.load(K + kv_base + offs_n[:, None] * E + offs_d[None, :], mask=in_k, other=0.0)  # (BLOCK_N, BLOCK_D)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = _score(s * sm_scale, offs_m[:, None], offs_n[None, :], h, SLOPES, TABLE, CAP, P2, SCORE)
+    valid = offs_n[None, :] < S  # a ragged last tile
+    if PARTIAL:
+        valid = valid & _keep(offs_m[:, None], offs_n[None, :], DOC, L, S, P0, P1, MASK)
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing yet: exp(-inf - 0) = 0
+    p = tl.exp2((s - m_use[:, None]) * 1.4426950408889634)
+    alpha = tl.exp2((m_i - m_use) * 1.4426950408889634)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + kv_base + offs_n[:, None] * E + offs_d[None, :], mask=in_k, other=0.0)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _flex_fwd(Q, K, V, Out, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, DOC, SLOPES, TABLE,
+              sm_scale, CAP, L, S, H, HM, N_Q_TILES, N_K_TILES, P0, P1, P2,
+              BM_B: tl.constexpr, BM_H: tl.constexpr, MASK: tl.constexpr, SCORE: tl.constexpr,
+              E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              IEEE: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_base = bh.to(tl.int64) * L * E
+    kv_base = bh.to(tl.int64) * S * E
+    in_q = (offs_m[:, None] < L) & (offs_d[None, :] < E)
+    q = tl.load(Q + q_base + offs_m[:, None] * E + offs_d[None, :], mask=in_q, other=0.0)  # (BLOCK_M, BLOCK_D)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    row = ((b * BM_B) * HM + h * BM_H) * N_Q_TILES + pid_m  # this query tile's row of the block mask
+    n_full = tl.load(FULL_NUM + row)
+    for i in range(0, n_full):  # full tiles: no predicate
+        t = tl.load(FULL_IDX + row * N_K_TILES + i)
+        acc, l_i, m_i = _tile(acc, l_i, m_i, q, K, V, kv_base, t, offs_m, offs_d, h, DOC, SLOPES, TABLE,
+                              sm_scale, CAP, L, S, P0, P1, P2, E, BLOCK_N, MASK, SCORE, False, IEEE)
+    n_part = tl.load(KV_NUM + row)
+    for i in range(0, n_part):  # partial tiles: the compiled predicate
+        t = tl.load(KV_IDX + row * N_K_TILES + i)
+        acc, l_i, m_i = _tile(acc, l_i, m_i, q, K, V, kv_base, t, offs_m, offs_d, h, DOC, SLOPES, TABLE,
+                              sm_scale, CAP, L, S, P0, P1, P2, E, BLOCK_N, MASK, SCORE, True, IEEE)
+    alive = l_i > 0.0
+    l_safe = tl.where(alive, l_i, 1.0)
+    out = acc / l_safe[:, None]  # a row that read nothing: 0 / 1
+    tl.store(Out + q_base + offs_m[:, None] * E + offs_d[None, :], out.to(Out.dtype.element_ty), mask=in_q)
+    lse = tl.where(alive, m_i + tl.log(l_safe), float("inf"))
+    tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse, mask=offs_m < L)
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+
+
+def _mask_kind(mod) -> tuple[int, int, int, torch.Tensor | None]:
+    """(MASK, P0, P1, DOC) for a library mask_mod; ValueError for one the kernel does not compile in."""
+    kind = getattr(mod, "flex_kind", None)
+    name = getattr(mod, "__name__", repr(mod))
+    if kind is not None and kind[0] == "and" and len(kind) == 3 and all(k is not None for k in kind[1:]):
+        parts = {k[0]: k for k in kind[1:]}
+        if set(parts) == {"document", "causal"} and parts["document"][1].dim() == 1:
+            return MASK_KINDS["document_causal"], 0, 0, parts["document"][1]
+    if kind is None or kind[0] in ("and", "or"):
+        pass
+    elif kind[0] == "noop":
+        return MASK_KINDS["noop"], 0, 0, None
+    elif kind[0] == "causal":
+        return MASK_KINDS["causal"], 0, 0, None
+    elif kind[0] == "sliding_window":
+        return (MASK_KINDS["window"], 0, kind[1], None) if kind[2] else (
+            MASK_KINDS["window_two_sided"], 0, kind[1] // 2, None)
+    elif kind[0] == "sinks_and_window":
+        return MASK_KINDS["sinks_window"], kind[1], kind[2], None
+    elif kind[0] == "document" and kind[1].dim() == 1:
+        return MASK_KINDS["document"], 0, 0, kind[1]
+    elif kind[0] == "prefix_lm":
+        return MASK_KINDS["prefix_lm"], kind[1], 0, None
+    elif kind[0] == "causal_bottom_right":
+        return MASK_KINDS["bottom_right"], kind[1], 0, None
+    raise ValueError(f"the triton backend compiles in only the library's mods {sorted(MASK_KINDS)}, got "
+                     f"mask_mod {name}: use backend='chunked', which runs any mask_mod")
+
+
+def _score_kind(mod) -> tuple[int, float, int, torch.Tensor | None, torch.Tensor | None]:
+    """(SCORE, CAP, P2, SLOPES, TABLE) for a library score_mod."""
+    if mod is None:
+        return 0, 1.0, 0, None, None
+    kind = getattr(mod, "flex_kind", None)
+    if kind is not None and kind[0] == "alibi":
+        return 1, 1.0, 0, kind[1], None
+    if kind is not None and kind[0] == "soft_cap":
+        return 2, float(kind[1]), 0, None, None
+    if kind is not None and kind[0] == "relative_position_bias":
+        return 3, 1.0, kind[2], None, kind[1]
+    raise ValueError(f"the triton backend compiles in only the score mods {[k for k in SCORE_KINDS if k]}, got "
+                     f"{getattr(mod, '__name__', mod)}: use backend='chunked'")
+
+
+def _pow2(n: int) -> bool:
+    return n >= 16 and n & (n - 1) == 0
+
+
+def compile_args(query, key, value, score_mod, block_mask, scale):
+    """Validate and turn a call into (tensor arguments, scalar arguments, constexprs, grid) for ``_flex_fwd``."""
+    from attention_core.flex_attention import create_block_mask
+    from attention_core.mask_mods import noop_mask
+
+    B, H, L, E = query.shape
+    S = key.shape[2]
+    if value.shape[-1] != E or E > 128:
+        raise ValueError(f"the triton backend needs Ev == E <= 128, got E={E}, Ev={value.shape[-1]}")
+    if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"the triton backend takes float16, bfloat16 or float32, got {query.dtype}")
+    if block_mask is None:
+        block_mask = create_block_mask(noop_mask, None, None, L, S, device=query.device, BLOCK_SIZE=(64, 64))
+    Bq, Bk = block_mask.BLOCK_SIZE
+    if not (_pow2(Bq) and _pow2(Bk)):
+        raise ValueError(f"the triton backend needs BLOCK_SIZE of powers of two >= 16, got {(Bq, Bk)}")
+    MASK, P0, P1, DOC = _mask_kind(block_mask.mask_mod)
+    SCORE, CAP, P2, SLOPES, TABLE = _score_kind(score_mod)
+    dev = query.device
+    Bm, Hm = block_mask.shape[:2]
+    ints = [t.to(device=dev, dtype=torch.int32).contiguous() for t in (
+        block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks, block_mask.full_kv_indices)]
+    dummy = ints[0]
+    DOC = dummy if DOC is None else DOC.to(device=dev, dtype=torch.int32).contiguous()
+    if DOC is not dummy and DOC.numel() < max(L, S):
+        raise ValueError(f"document ids cover {DOC.numel()} positions, fewer than L={L} or S={S}")
+    SLOPES = dummy if SLOPES is None else SLOPES.detach().to(device=dev, dtype=torch.float32).contiguous()
+    TABLE = dummy if TABLE is None else TABLE.detach().to(device=dev, dtype=torch.float32).contiguous()
+    tensors = [query.contiguous(), key.contiguous(), value.contiguous(), *ints, DOC, SLOPES, TABLE]
+    scalars = dict(sm_scale=float(scale), CAP=CAP, L=L, S=S, H=H, HM=Hm, N_Q_TILES=block_mask.kv_indices.shape[2],
+                   N_K_TILES=block_mask.kv_indices.shape[3], P0=int(P0), P1=int(P1), P2=int(P2))
+    constexprs = dict(BM_B=int(Bm > 1), BM_H=int(Hm > 1), MASK=MASK, SCORE=SCORE, E=E,
+                      BLOCK_D=max(16, triton.next_power_of_2(E)), BLOCK_M=Bq, BLOCK_N=Bk,
+                      IEEE=query.dtype == torch.float32)
+    grid = (block_mask.kv_indices.shape[2], B * H)
+    return tensors, scalars, constexprs, grid
+
+
+def num_warps_for(dtype: torch.dtype, E: int, BLOCK_M: int, BLOCK_N: int) -> int:
+    """Warps per program: 8 for the larger tiles (the accumulator and q split over more threads), else 4."""
+    big = BLOCK_M * max(E, BLOCK_N) >= 128 * 128 or (dtype == torch.float32 and BLOCK_M * BLOCK_N >= 64 * 64)
+    return 8 if big else 4
+
+
+# ------------------------------------------------------------------------------------------------ public
+
+
+def triton_flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None) -> torch.Tensor:
+    """Flex attention's forward in Triton, over the block mask's non-empty tiles (see the module docstring).
+
+    Args:
+        query: (B, H, L, E) on a CUDA device (or the CPU under ``TRITON_INTERPRET=1``); key, value (B, H, S, E).
+        score_mod: ``None`` or one of the library's score mods (alibi, soft_cap, relative_position_bias).
+        block_mask: a BlockMask of one of the library's mask mods, tiles of powers of two; ``None``: all pairs.
+        scale: score scale, default ``1 / sqrt(E)``.
+
+    Returns:
+        (B, H, L, E) in the query's dtype; rows that read nothing are zeros.
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError("the triton flex kernel is forward only: use backend='chunked' for gradients, "
+                                  "or call it under torch.no_grad()")
+    if query.device.type != "cuda" and not INTERPRET:
+        raise ValueError(f"the triton backend needs a CUDA device (or TRITON_INTERPRET=1), got {query.device}")
+    scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
+    tensors, scalars, constexprs, grid = compile_args(query, key, value, score_mod, block_mask, scale)
+    B, H, L, E = query.shape
+    out = torch.empty_like(tensors[0])  # (B, H, L, E)
+    lse = torch.empty((B, H, L), device=query.device, dtype=torch.float32)
+    q, k, v, *rest = tensors
+    warps = num_warps_for(query.dtype, E, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
+    _flex_fwd[grid](q, k, v, out, lse, *rest, **scalars, **constexprs, num_warps=warps, num_stages=2)
+    return out

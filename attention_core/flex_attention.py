@@ -1,0 +1,288 @@
+"""FlexAttention on any machine: block masks that record which tiles are empty, full or partial, and attention
+that never touches an empty tile.
+
+The names and argument orders are PyTorch's (``torch.nn.attention.flex_attention``), so code written against
+this module moves to a GPU unchanged::
+
+    block_mask = create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", BLOCK_SIZE=128)
+    out = flex_attention(query, key, value, score_mod=None, block_mask=block_mask, scale=None, enable_gqa=False)
+
+The (L, S) grid of (query, key) pairs is cut into tiles of ``BLOCK_SIZE`` queries by ``BLOCK_SIZE`` keys. For
+each tile, :func:`create_block_mask` evaluates the ``mask_mod`` once and records whether the tile is
+
+- **empty** (no pair takes part): attention never reads its keys;
+- **full** (every pair takes part): attention computes it without evaluating the predicate;
+- **partial**: attention computes it and evaluates the predicate on it.
+
+A :class:`BlockMask` stores, per (batch, head, query tile), the count and the indices of its partial tiles and
+of its full tiles: O((L / Bq) (S / Bk)) integers, never an (L, S) tensor. A sliding window of 256 keys over
+8,192 queries leaves 4 of 64 key tiles per query tile (with 128-tiles), so attention does about 1/16 of the
+dense work.
+
+Backends (``backend=``): ``"reference"``, the dense oracle (every score computed, then masked; returns what
+the formula says, with autograd through everything); ``"chunked"`` (the default), online softmax over the
+non-empty tiles only, forward and backward, in :mod:`attention_core.backends.chunked_flex`.
+
+Policy, as :func:`attention_core.scaled_dot_product_attention`: a query row that reads no key (every pair
+masked, or every score set to ``-inf`` by the ``score_mod``) gives zeros, and no gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attention_core.mask_mods import MaskMod, ScoreMod, dense_mask, dense_scores, noop_mask
+
+__all__ = ["BlockMask", "create_block_mask", "flex_attention"]
+
+#: PyTorch's default tile: 128 queries by 128 keys.
+BLOCK_SIZE = 128
+#: Elements of the (rows, S) slab of the predicate that :func:`create_block_mask` evaluates at once (4 MiB of bools).
+_SLAB = 1 << 22
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class BlockMask:
+    """Which tiles of the (L, S) grid attention must visit, per (batch, head, query tile).
+
+    Attributes:
+        seq_lengths: ``(L, S)``.
+        BLOCK_SIZE: ``(Bq, Bk)``, queries and keys per tile.
+        kv_num_blocks: (Bm, Hm, nQ) int32, partial tiles per query tile (``Bm``, ``Hm`` are 1 when the mask is
+            the same for every batch row or head).
+        kv_indices: (Bm, Hm, nQ, nK) int32, the partial tiles' key-tile indices first, in increasing order.
+        full_kv_num_blocks: (Bm, Hm, nQ) int32, full tiles per query tile.
+        full_kv_indices: (Bm, Hm, nQ, nK) int32, likewise.
+        mask_mod: the predicate, evaluated on partial tiles only.
+    """
+
+    seq_lengths: tuple[int, int]
+    BLOCK_SIZE: tuple[int, int]
+    kv_num_blocks: torch.Tensor
+    kv_indices: torch.Tensor
+    full_kv_num_blocks: torch.Tensor
+    full_kv_indices: torch.Tensor
+    mask_mod: MaskMod
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(Bm, Hm, L, S)``."""
+        return (*self.kv_num_blocks.shape[:2], *self.seq_lengths)
+
+    def tile_states(self) -> torch.Tensor:
+        """(Bm, Hm, nQ, nK) int8: 0 empty, 1 partial, 2 full."""
+        Bm, Hm, nQ, nK = self.kv_indices.shape
+        states = torch.zeros(Bm, Hm, nQ, nK, dtype=torch.int8, device=self.kv_indices.device)
+        cols = torch.arange(nK, device=states.device)  # (nK,)
+        for num, idx, state in ((self.kv_num_blocks, self.kv_indices, PARTIAL),
+                                (self.full_kv_num_blocks, self.full_kv_indices, FULL)):
+            valid = cols < num[..., None]  # (Bm, Hm, nQ, nK): the first num entries are tiles
+            states.scatter_(-1, idx.long(), torch.where(valid, state, 0).to(torch.int8), reduce="add")
+        return states
+
+    def nonempty_tiles(self) -> int:
+        """Tiles attention visits, summed over the mask's (batch, head) entries."""
+        return int(self.kv_num_blocks.sum()) + int(self.full_kv_num_blocks.sum())
+
+    def sparsity(self) -> float:
+        """Percentage of tiles that are empty (skipped), as PyTorch's ``BlockMask.sparsity``."""
+        total = self.kv_indices.numel()
+        return 100.0 * (1 - self.nonempty_tiles() / total) if total else 0.0
+
+    def nbytes(self) -> int:
+        """Bytes held by the mask's tensors: O(nQ * nK), to set beside a dense mask's L * S."""
+        return sum(t.numel() * t.element_size() for t in (self.kv_num_blocks, self.kv_indices,
+                                                          self.full_kv_num_blocks, self.full_kv_indices))
+
+    def to_string(self, b: int = 0, h: int = 0) -> str:
+        """One line per query tile: ``#`` full, ``+`` partial, ``.`` empty."""
+        rows = self.tile_states()[b, h].tolist()
+        return "\n".join("".join(".+#"[s] for s in row) for row in rows)
+
+    def __repr__(self) -> str:
+        return (f"BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}, sparsity={self.sparsity():.2f}%, "
+                f"mask_mod={getattr(self.mask_mod, '__name__', self.mask_mod)})")
+
+
+def _block_size(BLOCK_SIZE) -> tuple[int, int]:
+    sizes = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
+    if len(sizes) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(f"BLOCK_SIZE must be a positive int or a pair of them, got {BLOCK_SIZE!r}")
+    return sizes
+
+
+def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., nK) bool -> counts (...,) int32 and indices (..., nK) int32, the True tiles first, in order."""
+    num = tiles.sum(-1, dtype=torch.int32)
+    idx = torch.sort((~tiles).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
+    return num, idx
+
+
+def create_block_mask(
+    mask_mod: MaskMod,
+    B: int | None,
+    H: int | None,
+    Q_LEN: int,
+    KV_LEN: int,
+    device: torch.device | str | None = "cpu",
+    BLOCK_SIZE: int | tuple[int, int] = BLOCK_SIZE,
+) -> BlockMask:
+    """Evaluate ``mask_mod`` tile by tile and record each tile as empty, full or partial.
+
+    The predicate is evaluated on a slab of query rows at a time (at most 4 Mi pairs), so creating the mask
+    takes O(L * S) time but only O(slab + nQ * nK) memory.
+
+    Args:
+        mask_mod: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (see :mod:`attention_core.mask_mods`).
+        B: batch size, or ``None`` for a mask that is the same for every batch row (evaluated at ``b = 0``).
+        H: number of query heads, or ``None`` likewise (``h = 0``).
+        Q_LEN: L, queries.
+        KV_LEN: S, keys.
+        device: where the mask's tensors live.
+        BLOCK_SIZE: tile size, an int or ``(Bq, Bk)``.
+
+    Returns:
+        A :class:`BlockMask` of shape (B or 1, H or 1, L, S).
+    """
+    if not callable(mask_mod):
+        raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
+    for name, n in (("B", B), ("H", H)):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"{name} must be None or an int >= 1, got {n!r}")
+    for name, n in (("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {n!r}")
+    Bq, Bk = _block_size(BLOCK_SIZE)
+    Bm, Hm, L, S = B or 1, H or 1, Q_LEN, KV_LEN
+    nQ, nK = -(-L // Bq), -(-S // Bk)
+    any_ = torch.zeros(Bm, Hm, nQ, nK, dtype=torch.bool, device=device)
+    all_ = torch.zeros(Bm, Hm, nQ, nK, dtype=torch.bool, device=device)
+    tiles_per_slab = max(1, _SLAB // max(1, Bq * nK * Bk))  # query tiles evaluated at once
+    kv = torch.arange(S, device=device)
+    for b in range(Bm):
+        for h in range(Hm):
+            bt, ht = torch.tensor(b, device=device), torch.tensor(h, device=device)
+            for t0 in range(0, nQ, tiles_per_slab):
+                t1 = min(nQ, t0 + tiles_per_slab)
+                q = torch.arange(t0 * Bq, min(L, t1 * Bq), device=device)
+                keep = mask_mod(bt, ht, q[:, None], kv[None, :])  # (rows, S)
+                if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
+                    raise TypeError(f"a mask_mod must return a bool tensor, got {type(keep).__name__} "
+                                    f"{getattr(keep, 'dtype', '')}")
+                keep = keep.expand(len(q), S)
+                pad = (0, nK * Bk - S, 0, (t1 - t0) * Bq - len(q))  # ragged edges: outside pairs are neither
+                tiles_any = F.pad(keep, pad, value=False).view(t1 - t0, Bq, nK, Bk)
+                tiles_all = F.pad(keep, pad, value=True).view(t1 - t0, Bq, nK, Bk)
+                any_[b, h, t0:t1] = tiles_any.any(3).any(1)  # (tiles, nK)
+                all_[b, h, t0:t1] = tiles_all.all(3).all(1)
+    full = any_ & all_
+    partial = any_ & ~all_
+    kv_num, kv_idx = _ordered(partial)
+    full_num, full_idx = _ordered(full)
+    return BlockMask((L, S), (Bq, Bk), kv_num, kv_idx, full_num, full_idx, mask_mod)
+
+
+# ------------------------------------------------------------------------------------------- attention
+
+
+def _check_inputs(query, key, value, block_mask, scale, enable_gqa) -> tuple[int, int, int, int]:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
+            raise ValueError(f"{name} must be a 4-D floating tensor (B, H, L or S, E), got "
+                             f"{getattr(t, 'shape', type(t).__name__)}")
+    B, Hq, L, E = query.shape
+    Bk, H, S, Ek = key.shape
+    if Bk != B or value.shape[0] != B or value.shape[1] != H or value.shape[2] != S or Ek != E:
+        raise ValueError(f"shapes must be query (B, Hq, L, E), key (B, H, S, E), value (B, H, S, Ev); got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"query, key, value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    if Hq != H and not (enable_gqa and H > 0 and Hq % H == 0):
+        raise ValueError(f"query has {Hq} heads and key/value {H}: equal, or enable_gqa=True with Hq % H == 0")
+    if block_mask is not None:
+        if not isinstance(block_mask, BlockMask):
+            raise TypeError(f"block_mask must be a BlockMask (create_block_mask), got {type(block_mask).__name__}")
+        Bm, Hm, Lm, Sm = block_mask.shape
+        if (Lm, Sm) != (L, S) or Bm not in (1, B) or Hm not in (1, Hq):
+            raise ValueError(f"block_mask of shape {block_mask.shape} does not fit query/key (B={B}, Hq={Hq}, "
+                             f"L={L}, S={S}): it needs (1 or B, 1 or Hq, L, S)")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale must be a number or None, got {scale!r}")
+    return B, Hq, L, S
+
+
+def flex_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    score_mod: ScoreMod | None = None,
+    block_mask: BlockMask | None = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    backend: str = "chunked",
+) -> torch.Tensor:
+    """Attention with the scores edited by ``score_mod`` and the pairs chosen by ``block_mask``.
+
+    ``softmax(score_mod(scale * q k^T) masked by block_mask.mask_mod) @ v``; tiles the block mask records as
+    empty are never computed (``chunked``), full tiles skip the predicate.
+
+    Args:
+        query: (B, Hq, L, E) floating.
+        key: (B, H, S, E), same dtype.
+        value: (B, H, S, Ev), same dtype.
+        score_mod: ``score_mod(score, b, h, q_idx, kv_idx) -> score`` or ``None``. Tensors it captures (a bias
+            table, ALiBi slopes) receive gradients on every backend.
+        block_mask: from :func:`create_block_mask` with (L, S) = (query's L, key's S), or ``None`` (every pair).
+        scale: score scale, default ``1 / sqrt(E)``.
+        enable_gqa: let ``Hq`` be a multiple of ``H`` (each key/value head serves ``Hq / H`` query heads).
+        backend: ``"chunked"`` (tiles, skipping empty ones) or ``"reference"`` (dense, the oracle).
+
+    Returns:
+        (B, Hq, L, Ev) in the query's dtype; a row that reads no key is zeros.
+    """
+    B, Hq, L, S = _check_inputs(query, key, value, block_mask, scale, enable_gqa)
+    if score_mod is not None and not callable(score_mod):
+        raise TypeError(f"score_mod must be callable or None, got {type(score_mod).__name__}")
+    scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
+    H = key.shape[1]
+    if Hq != H:  # GQA: each key/value head serves Hq / H query heads; autograd sums their gradients
+        key = key.repeat_interleave(Hq // H, dim=1)  # (B, H, S, E) -> (B, Hq, S, E)
+        value = value.repeat_interleave(Hq // H, dim=1)  # (B, H, S, Ev) -> (B, Hq, S, Ev)
+    if backend == "reference":
+        return _reference(query, key, value, score_mod, block_mask, scale)
+    if backend == "chunked":
+        from attention_core.backends.chunked_flex import chunked_flex_attention
+
+        return chunked_flex_attention(query, key, value, score_mod, block_mask, scale)
+    if backend == "triton":
+        from attention_core.backends.triton_flex import triton_flex_attention
+
+        return triton_flex_attention(query, key, value, score_mod, block_mask, scale)
+    raise ValueError(f"backend must be 'chunked', 'reference' or 'triton', got {backend!r}")
+
+
+def _reference(query, key, value, score_mod, block_mask, scale) -> torch.Tensor:
+    """Dense: every score, the score_mod, the mask_mod, a softmax whose empty rows are zeros, in float32 or wider."""
+    B, H, L, _ = query.shape
+    S = key.shape[2]
+    dt = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    scores = (query.to(dt) @ key.to(dt).transpose(-2, -1)) * scale  # (B, H, L, E) @ (B, H, E, S) -> (B, H, L, S)
+    if S == 0:  # no key at all: every row reads nothing, (B, H, L, 0) @ (B, H, 0, Ev) is zeros
+        return (scores @ value.to(dt)).to(query.dtype)
+    if score_mod is not None:
+        scores = dense_scores(score_mod, scores)
+    mask_mod = noop_mask if block_mask is None else block_mask.mask_mod
+    keep = dense_mask(mask_mod, B, H, L, S, query.device)
+    scores = scores.masked_fill(~keep, float("-inf"))
+    row_max = scores.amax(-1, keepdim=True).detach()  # (B, H, L, 1)
+    row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # an empty row: -inf - 0, exp 0
+    p = (scores - row_max).exp()
+    denom = p.sum(-1, keepdim=True)
+    p = p / torch.where(denom == 0, 1.0, denom)  # empty rows: 0 / 1
+    return (p @ value.to(dt)).to(query.dtype)  # (B, H, L, S) @ (B, H, S, Ev) -> (B, H, L, Ev)

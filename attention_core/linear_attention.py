@@ -1,0 +1,355 @@
+"""Linear attention, the delta rule and random features for the softmax kernel.
+
+Softmax attention weighs value ``j`` for query ``i`` by ``exp(q_i . k_j)``: a kernel smoother
+(chapter 1) with the kernel ``exp(q . k)``. Replace the kernel by a dot product of feature maps,
+``phi(q) . phi(k)``, and the sums over keys factor (Katharopoulos et al., 2020)::
+
+    out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / phi(q_i)^T (sum_j phi(k_j))
+
+The two sums are a (Dphi, Ev) matrix ``S`` and a (Dphi,) vector ``z``; causal attention keeps running sums, so
+decoding is an RNN whose state has a fixed size, whatever the length.
+
+- :func:`linear_attention`: the parallel form (an (L, S) matrix of kernel values, masked if causal);
+- :func:`linear_attention_recurrent`: the recurrent form (one state update per key), with its final state;
+- :func:`linear_attention_chunked`: causal, chunk by chunk (parallel inside a chunk, the state across chunks);
+- :func:`delta_rule`: the delta rule (Schlag et al., 2021): write ``beta (v - S k) k^T`` instead of ``v k^T``;
+- :func:`performer_features`, :func:`performer_variance`: random features whose dot product estimates
+  ``exp(x . y)`` without bias (Choromanski et al., 2021), positive and trigonometric, and their
+  closed-form variance (the paper's Lemma 2).
+
+Shapes: ``query (..., L, E)``, ``key (..., S, E)``, ``value (..., S, Ev)`` -> ``(..., L, Ev)``. Causal means
+key ``j <= i`` (upper-left aligned, as SDPA's ``is_causal``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attention_core._checks import (
+    check_bool_flag,
+    check_floating,
+    check_min_rank,
+    check_positive_float,
+    check_positive_int,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+    fmt_shape,
+    short_repr,
+)
+
+__all__ = [
+    "FEATURE_MAPS",
+    "LinearAttentionState",
+    "delta_rule",
+    "draw_omega",
+    "elu_feature_map",
+    "linear_attention",
+    "linear_attention_chunked",
+    "linear_attention_recurrent",
+    "performer_features",
+    "performer_kernel_estimate",
+    "performer_variance",
+    "softmax_kernel",
+]
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """``elu(x) + 1``: positive everywhere, Katharopoulos et al.'s feature map (same shape as ``x``)."""
+    return F.elu(x) + 1.0
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+#: Feature maps by name. ``"identity"`` (no map) with ``normalize=False`` is the plain linear memory
+#: ``S = sum_j v_j k_j^T`` read by ``S q``.
+FEATURE_MAPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "elu": elu_feature_map,
+    "relu": F.relu,
+    "identity": _identity,
+}
+
+FeatureMap = str | Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class LinearAttentionState:
+    """The state of causal linear attention after some keys: ``S (..., Dphi, Ev)`` = sum of ``phi(k) v^T``,
+    ``z (..., Dphi)`` = sum of ``phi(k)``. Its size does not depend on how many keys it has seen."""
+
+    S: torch.Tensor
+    z: torch.Tensor
+
+    def nbytes(self) -> int:
+        """Bytes the state occupies."""
+        return self.S.numel() * self.S.element_size() + self.z.numel() * self.z.element_size()
+
+
+def _feature_map(feature_map: FeatureMap) -> Callable[[torch.Tensor], torch.Tensor]:
+    if isinstance(feature_map, str):
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f"feature_map must be one of {sorted(FEATURE_MAPS)} or a callable, "
+                             f"got {short_repr(feature_map)}")
+        return FEATURE_MAPS[feature_map]
+    if not callable(feature_map):
+        raise TypeError(f"feature_map must be a str or a callable, got {type(feature_map).__name__}")
+    return feature_map
+
+
+def _check_qkv(query: object, key: object, value: object, *, causal: bool) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(t, name)
+        check_floating(t, name)
+        check_min_rank(t, name, 2, "(..., L, E)")
+    check_same_dtype(query=query, key=key, value=value)
+    check_same_device(query=query, key=key, value=value)
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"query and key must share the last dim E, got query {fmt_shape(query.shape)} "
+                         f"and key {fmt_shape(key.shape)}")
+    if key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(f"key (..., S, E) and value (..., S, Ev) must agree on (..., S), got key "
+                         f"{fmt_shape(key.shape)} and value {fmt_shape(value.shape)}")
+    if query.shape[:-2] != key.shape[:-2]:
+        raise ValueError(f"query and key must share the batch dims, got query {fmt_shape(query.shape)} and key "
+                         f"{fmt_shape(key.shape)}")
+    if causal and query.shape[-2] > key.shape[-2]:
+        raise ValueError(f"causal linear attention needs L <= S (query i reads keys 0..i), got L = "
+                         f"{query.shape[-2]} and S = {key.shape[-2]}")
+
+
+def _check_common(is_causal: object, normalize: object, eps: object) -> float:
+    check_bool_flag(is_causal, "is_causal")
+    check_bool_flag(normalize, "normalize")
+    return check_positive_float(eps, "eps", allow_zero=True)
+
+
+def _normalized(num: torch.Tensor, den: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return num if den is None else num / (den.unsqueeze(-1) + eps)
+
+
+def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False,
+                     feature_map: FeatureMap = "elu", normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """Linear attention in its parallel form: the (L, S) matrix ``phi(Q) phi(K)^T``, masked if causal,
+    row-normalized if ``normalize``, times ``V``. O(L S) work, as softmax attention; the reference for the others.
+
+    Args:
+        query: (..., L, E); key: (..., S, E); value: (..., S, Ev); one floating dtype, one device.
+        is_causal: query ``i`` reads keys ``0..i`` (needs ``L <= S``).
+        feature_map: ``"elu"`` (elu + 1), ``"relu"``, ``"identity"`` or a callable (..., E) -> (..., Dphi).
+        normalize: divide by ``phi(q) . sum phi(k)`` (a kernel smoother); ``False`` gives the raw memory read.
+        eps: added to the normalizer.
+
+    Returns:
+        (..., L, Ev), the dtype of ``query``.
+    """
+    eps = _check_common(is_causal, normalize, eps)
+    _check_qkv(query, key, value, causal=is_causal)
+    phi = _feature_map(feature_map)
+    fq, fk = phi(query), phi(key)  # (..., L, Dphi), (..., S, Dphi)
+    A = fq @ fk.transpose(-2, -1)  # (..., L, Dphi) @ (..., Dphi, S) -> (..., L, S)
+    if is_causal:
+        L, S = A.shape[-2:]
+        A = A * torch.ones(L, S, dtype=torch.bool, device=A.device).tril()
+    return _normalized(A @ value, A.sum(-1) if normalize else None, eps)  # (..., L, Ev)
+
+
+def linear_attention_recurrent(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = True,
+    feature_map: FeatureMap = "elu", normalize: bool = True, eps: float = 1e-6,
+    state: LinearAttentionState | None = None,
+) -> tuple[torch.Tensor, LinearAttentionState]:
+    """Linear attention as an RNN: for each key ``j`` in order, ``S += phi(k_j) v_j^T`` and ``z += phi(k_j)``;
+    query ``i`` reads ``phi(q_i)^T S / phi(q_i)^T z``, after key ``i`` if causal, after all keys if not.
+
+    The arguments are those of :func:`linear_attention`, plus ``state``: a state to continue from (decoding
+    token by token), whose keys count as earlier than all of ``key``.
+
+    Returns:
+        ``(out (..., L, Ev), state)``: the state after every key, of fixed size ``(..., Dphi, Ev)`` + ``(..., Dphi)``.
+    """
+    eps = _check_common(is_causal, normalize, eps)
+    _check_qkv(query, key, value, causal=is_causal)
+    phi = _feature_map(feature_map)
+    fq, fk = phi(query), phi(key)  # (..., L, Dphi), (..., S, Dphi)
+    if state is None:
+        S_ = fk.new_zeros(*fk.shape[:-2], fk.shape[-1], value.shape[-1])  # (..., Dphi, Ev)
+        z = fk.new_zeros(*fk.shape[:-2], fk.shape[-1])  # (..., Dphi)
+    else:
+        if not isinstance(state, LinearAttentionState):
+            raise TypeError(f"state must be a LinearAttentionState or None, got {type(state).__name__}")
+        S_, z = state.S, state.z
+    outs = []
+
+    def read(i: int) -> torch.Tensor:
+        q = fq[..., i, :]  # (..., Dphi)
+        num = (q.unsqueeze(-2) @ S_).squeeze(-2)  # (..., 1, Dphi) @ (..., Dphi, Ev) -> (..., Ev)
+        den = (q * z).sum(-1) if normalize else None  # (...,)
+        return _normalized(num, den, eps)
+
+    for j in range(fk.shape[-2]):
+        S_ = S_ + fk[..., j, :].unsqueeze(-1) * value[..., j, :].unsqueeze(-2)  # (..., Dphi, 1) * (..., 1, Ev)
+        z = z + fk[..., j, :]
+        if is_causal and j < fq.shape[-2]:
+            outs.append(read(j))
+    if not is_causal:
+        outs = [read(i) for i in range(fq.shape[-2])]
+    out = torch.stack(outs, dim=-2) if outs else value.new_zeros(*fq.shape[:-1], value.shape[-1])  # (..., L, Ev)
+    return out, LinearAttentionState(S_, z)
+
+
+def linear_attention_chunked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, chunk_size: int = 64,
+                             feature_map: FeatureMap = "elu", normalize: bool = True,
+                             eps: float = 1e-6) -> torch.Tensor:
+    """Causal linear attention chunk by chunk: inside a chunk the parallel form (a (C, C) masked matrix), across
+    chunks the state. O(L C) + O(L Dphi Ev) work; equals :func:`linear_attention` with ``is_causal=True``.
+    Needs ``L == S`` (self-attention)."""
+    eps = _check_common(True, normalize, eps)
+    check_positive_int(chunk_size, "chunk_size")
+    _check_qkv(query, key, value, causal=True)
+    if query.shape[-2] != key.shape[-2]:
+        raise ValueError(f"linear_attention_chunked needs L == S, got query {fmt_shape(query.shape)} and key "
+                         f"{fmt_shape(key.shape)}")
+    phi = _feature_map(feature_map)
+    fq, fk = phi(query), phi(key)  # (..., L, Dphi)
+    S_ = fk.new_zeros(*fk.shape[:-2], fk.shape[-1], value.shape[-1])  # (..., Dphi, Ev)
+    z = fk.new_zeros(*fk.shape[:-2], fk.shape[-1])  # (..., Dphi)
+    outs = []
+    for a in range(0, fq.shape[-2], chunk_size):
+        q, k, v = fq[..., a:a + chunk_size, :], fk[..., a:a + chunk_size, :], value[..., a:a + chunk_size, :]
+        C = q.shape[-2]
+        A = (q @ k.transpose(-2, -1)) * torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # (..., C, C)
+        num = q @ S_ + A @ v  # (..., C, Ev)
+        den = (q @ z.unsqueeze(-1)).squeeze(-1) + A.sum(-1) if normalize else None  # (..., C)
+        outs.append(_normalized(num, den, eps))
+        S_ = S_ + k.transpose(-2, -1) @ v  # (..., Dphi, C) @ (..., C, Ev)
+        z = z + k.sum(-2)
+    return torch.cat(outs, dim=-2)  # (..., L, Ev)
+
+
+def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta: float | torch.Tensor = 1.0, *,
+               state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule (Schlag et al., 2021; DeltaNet): for each key in order, ``S += beta (v - S k) k^T``, then
+    query ``i`` reads ``S q_i`` (causal). With unit-norm keys and ``beta = 1`` the write replaces what ``S`` held
+    for ``k`` by ``v``, instead of adding ``v`` on top (the plain linear memory, ``S += v k^T``).
+
+    Args:
+        query: (..., L, E).
+        key: (..., L, E), used as given (normalize the keys for ``beta = 1``).
+        value: (..., L, Ev).
+        beta: the write strength in ``[0, 2]``: a float, or a tensor (..., L) of one per key.
+        state: (..., Ev, E) to continue from, or ``None`` (zeros).
+
+    Returns:
+        ``(out (..., L, Ev), state (..., Ev, E))``.
+    """
+    _check_qkv(query, key, value, causal=True)
+    if query.shape[-2] != key.shape[-2]:
+        raise ValueError(f"delta_rule needs L == S, got query {fmt_shape(query.shape)} and key "
+                         f"{fmt_shape(key.shape)}")
+    L = key.shape[-2]
+    if isinstance(beta, torch.Tensor):
+        if beta.shape != key.shape[:-1]:
+            raise ValueError(f"beta as a tensor must have shape (..., L) = {fmt_shape(key.shape[:-1])}, got "
+                             f"{fmt_shape(beta.shape)}")
+        betas = beta.to(key.dtype)
+    else:
+        b = check_positive_float(beta, "beta", allow_zero=True)
+        if b > 2:
+            raise ValueError(f"beta must be in [0, 2] (beyond 2 the write overshoots and diverges), got {beta!r}")
+        betas = key.new_full(key.shape[:-1], b)
+    if state is None:
+        state = key.new_zeros(*key.shape[:-2], value.shape[-1], key.shape[-1])  # (..., Ev, E)
+    else:
+        check_tensor(state, "state")
+        want = (*key.shape[:-2], value.shape[-1], key.shape[-1])
+        if tuple(state.shape) != want:
+            raise ValueError(f"state must have shape (..., Ev, E) = {want}, got {fmt_shape(state.shape)}")
+    outs = []
+    for j in range(L):
+        k, v = key[..., j, :], value[..., j, :]  # (..., E), (..., Ev)
+        err = v - (state @ k.unsqueeze(-1)).squeeze(-1)  # (..., Ev)
+        state = state + betas[..., j, None, None] * err.unsqueeze(-1) * k.unsqueeze(-2)  # (..., Ev, E)
+        outs.append((state @ query[..., j, :].unsqueeze(-1)).squeeze(-1))  # (..., Ev)
+    return torch.stack(outs, dim=-2), state
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Random features for the softmax kernel (Performer)
+
+
+def softmax_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``exp(x . y)`` over the last dim: x (..., d), y (..., d) -> (...)."""
+    check_tensor(x, "x")
+    check_tensor(y, "y")
+    return torch.exp((x * y).sum(-1))
+
+
+def draw_omega(num_features: int, dim: int, *, generator: torch.Generator | None = None,
+               dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``num_features`` i.i.d. standard normal directions, (m, d): the random projections of both estimators."""
+    m = check_positive_int(num_features, "num_features")
+    d = check_positive_int(dim, "dim")
+    return torch.randn(m, d, generator=generator, dtype=dtype)
+
+
+#: The two kinds of random features.
+KINDS = ("positive", "trig")
+
+
+def performer_features(x: torch.Tensor, omega: torch.Tensor, kind: str = "positive") -> torch.Tensor:
+    """Random features of ``x`` whose dot products estimate ``exp(x . y)`` without bias.
+
+    - ``"positive"``: ``exp(omega x - |x|^2 / 2) / sqrt(m)``, (..., m); every feature > 0;
+    - ``"trig"``: ``exp(|x|^2 / 2) [sin(omega x), cos(omega x)] / sqrt(m)``, (..., 2m).
+
+    Args:
+        x: (..., d), floating. omega: (m, d) from :func:`draw_omega`. kind: ``"positive"`` or ``"trig"``.
+    """
+    check_tensor(x, "x")
+    check_tensor(omega, "omega")
+    check_floating(x, "x")
+    if omega.dim() != 2 or omega.shape[1] != x.shape[-1]:
+        raise ValueError(f"omega must be (m, d) with d = x.shape[-1] = {x.shape[-1]}, got {fmt_shape(omega.shape)}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {short_repr(kind)}")
+    m = omega.shape[0]
+    proj = x @ omega.to(x.dtype).T  # (..., d) @ (d, m) -> (..., m)
+    half_sq = (x * x).sum(-1, keepdim=True) / 2  # (..., 1)
+    if kind == "positive":
+        return torch.exp(proj - half_sq) / math.sqrt(m)
+    return torch.exp(half_sq) * torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1) / math.sqrt(m)  # (..., 2m)
+
+
+def performer_kernel_estimate(x: torch.Tensor, y: torch.Tensor, omega: torch.Tensor,
+                              kind: str = "positive") -> torch.Tensor:
+    """The estimate ``phi(x) . phi(y)`` of ``exp(x . y)``: x, y (..., d) -> (...)."""
+    return (performer_features(x, omega, kind) * performer_features(y, omega, kind)).sum(-1)
+
+
+def performer_variance(x: torch.Tensor, y: torch.Tensor, num_features: int, kind: str = "positive") -> torch.Tensor:
+    """The closed-form variance of the ``m``-feature estimate of ``exp(x . y)`` (Choromanski et al., Lemma 2),
+    with ``z = x + y``, ``delta = x - y`` and ``SM = exp(x . y)``:
+
+    - positive: ``exp(|z|^2) SM^2 (1 - exp(-|z|^2)) / m``: small where the kernel is small (``z`` near 0);
+    - trig: ``exp(|z|^2) SM^-2 (1 - exp(-|delta|^2))^2 / (2 m)``: small where ``x`` is near ``y``.
+
+    x, y: (..., d) -> (...).
+    """
+    check_tensor(x, "x")
+    check_tensor(y, "y")
+    m = check_positive_int(num_features, "num_features")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {short_repr(kind)}")
+    z2 = ((x + y) ** 2).sum(-1)
+    sm = softmax_kernel(x, y)
+    if kind == "positive":
+        return torch.exp(z2) * sm**2 * (-torch.expm1(-z2)) / m
+    d2 = ((x - y) ** 2).sum(-1)
+    return torch.exp(z2) / sm**2 * torch.expm1(-d2) ** 2 / (2 * m)

@@ -1,0 +1,154 @@
+"""The trained comparison of chapter 12: softmax, sliding-window, linear and hybrid attention on tiny Shakespeare.
+
+Four recipes (:data:`HYBRID_RECIPES`) differ only in the attention of their two layers; the models have the same
+parameters, data, steps and seed. :func:`train_hybrid` trains one; the checkpoints (a few hundred KB each) live
+in ``checkpoints/`` beside chapter 11's, with their sha256 and recipe in the same manifest.
+
+Command line (one CPU thread; writes the four checkpoints, or the ones named)::
+
+    python -m attention_core.shakespeare.hybrid                  # every recipe
+    python -m attention_core.shakespeare.hybrid --only hybrid_linear_softmax --out /tmp/ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from attention_core.models.hybrid_lm import HybridLM, build_hybrid_lm
+from attention_core.shakespeare.data import Corpus, load_corpus, random_batch
+from attention_core.training.checkpoint import (
+    TrainLog,
+    load_or_train_recipe,
+    recipe_entry,
+    record_in_manifest,
+    save_checkpoint,
+)
+
+__all__ = ["HYBRID_RECIPES", "HybridRecipe", "evaluate_hybrid", "load_or_train_hybrid", "main", "train_hybrid"]
+
+PathLike = Union[str, Path]
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+
+
+@dataclass(frozen=True)
+class HybridRecipe:
+    """A :class:`~attention_core.models.hybrid_lm.HybridLM` whose layers are ``layers`` joined by ``+``, of width
+    ``d_model`` with ``num_heads`` heads, trained for ``steps`` AdamW steps on ``batch_size`` random crops of
+    ``context`` characters (``data_seed``), learning rate warmed up over ``warmup`` steps to ``lr`` then
+    cosine-decayed to ``min_lr_ratio * lr``, weight decay on the matrices, gradient norm clipped at ``clip``."""
+
+    name: str = "hybrid_softmax"
+    layers: str = "softmax+softmax"
+    d_model: int = 64
+    num_heads: int = 4
+    context: int = 128
+    window: int = 16
+    steps: int = 400
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup: int = 30
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    seed: int = 0
+    data_seed: int = 1
+
+    def config(self, vocab_size: int) -> Dict[str, Any]:
+        """The config dict of :func:`~attention_core.models.hybrid_lm.build_hybrid_lm`."""
+        return {"vocab_size": vocab_size, "layers": self.layers.split("+"), "d_model": self.d_model,
+                "num_heads": self.num_heads, "context": self.context, "window": self.window}
+
+
+#: The four models of the comparison, by name.
+HYBRID_RECIPES: Dict[str, HybridRecipe] = {
+    r.name: r for r in (
+        HybridRecipe("hybrid_softmax", "softmax+softmax"),
+        HybridRecipe("hybrid_window", "window+window"),
+        HybridRecipe("hybrid_linear", "linear+linear"),
+        HybridRecipe("hybrid_linear_softmax", "linear+softmax"),
+    )
+}
+
+
+def _lr_at(step: int, r: HybridRecipe) -> float:
+    if step < r.warmup:
+        return r.lr * (step + 1) / r.warmup
+    frac = (step - r.warmup) / max(r.steps - r.warmup - 1, 1)
+    return r.lr * (r.min_lr_ratio + (1 - r.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train_hybrid(recipe: HybridRecipe, corpus: Optional[Corpus] = None) -> Tuple[HybridLM, TrainLog]:
+    """Build ``recipe``'s model and train it on the CPU; returns ``(model in eval mode, log)``."""
+    if not isinstance(recipe, HybridRecipe):
+        raise TypeError(f"recipe must be a HybridRecipe, got {type(recipe).__name__}")
+    corpus = corpus or load_corpus()
+    model = build_hybrid_lm(recipe.config(len(corpus.vocab)), seed=recipe.seed).train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                                   {"params": rest, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.99))
+    g = torch.Generator().manual_seed(recipe.data_seed)
+    log, start = TrainLog(), time.perf_counter()
+    for step in range(recipe.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, recipe)
+        x, y = random_batch(corpus.train, recipe.batch_size, recipe.context, g)
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())  # (B*L, V), (B*L,)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+        optimizer.step()
+        log.losses.append(loss.item())
+    log.seconds = time.perf_counter() - start
+    return model.eval(), log
+
+
+@torch.no_grad()
+def evaluate_hybrid(model: HybridLM, ids: torch.Tensor, context: int = 128, max_blocks: int = 64) -> float:
+    """Mean cross-entropy (nats per character) over the first ``max_blocks`` consecutive blocks of ``ids``."""
+    n = min((len(ids) - 1) // context, max_blocks)
+    if n < 1:
+        raise ValueError(f"ids (length {len(ids)}) must be longer than context={context}")
+    x = ids[: n * context].view(n, context)  # (N,) -> (n, context)
+    y = ids[1: n * context + 1].view(n, context)
+    return F.cross_entropy(model.eval()(x).flatten(0, 1), y.flatten()).item()
+
+
+def load_or_train_hybrid(name: str, directory: PathLike = CHECKPOINT_DIR, retrain: bool = False
+                         ) -> Tuple[HybridLM, Dict[str, Any]]:
+    """The model of recipe ``name``: loaded (sha256 verified) or, when ``retrain`` or missing, trained here."""
+    if name not in HYBRID_RECIPES:
+        raise ValueError(f"name must be one of {sorted(HYBRID_RECIPES)}, got {name!r}")
+    recipe = HYBRID_RECIPES[name]
+    return load_or_train_recipe(recipe, directory, build_hybrid_lm, lambda: train_hybrid(recipe), retrain, None,
+                                "python -m attention_core.shakespeare.hybrid")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m attention_core.shakespeare.hybrid [--only NAME ...] [--out DIR]``: train and save."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--only", nargs="*", default=sorted(HYBRID_RECIPES), help="recipes to train")
+    parser.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    corpus = load_corpus()
+    for name in args.only:
+        recipe = HYBRID_RECIPES[name]
+        model, log = train_hybrid(recipe, corpus)
+        val = evaluate_hybrid(model, corpus.val, recipe.context)
+        sha = save_checkpoint(model, Path(args.out) / f"{recipe.name}.pt")
+        entry = {**recipe_entry(recipe, model, log, sha, every=25), "val_loss": round(val, 4)}
+        record_in_manifest(args.out, recipe.name, entry)
+        print(f"{name}: {entry['parameters']} parameters, {log.seconds:.0f} s, validation loss {val:.4f}")
+
+
+if __name__ == "__main__":
+    main()

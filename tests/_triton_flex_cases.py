@@ -1,0 +1,86 @@
+"""Interpreter cases of the Triton flex kernel, run in a child with TRITON_INTERPRET=1 (tests/test_triton_flex.py).
+
+Prints one JSON object: case name -> the largest |triton - float64 reference| (or the error it raised).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+import torch  # noqa: E402
+
+import attention_core.mask_mods as mm  # noqa: E402
+from attention_core.flex_attention import create_block_mask, flex_attention  # noqa: E402
+
+DOCS = torch.arange(256) // 45
+
+
+def mods(L, S):
+    return {
+        "noop": None, "causal": mm.causal, "window": mm.sliding_window(40), "sinks_window": mm.sinks_and_window(4, 40),
+        "document": mm.document(DOCS), "prefix_lm": mm.prefix_lm(50), "bottom_right": mm.causal_bottom_right(L, S),
+        "document_causal": mm.and_masks(mm.document(DOCS), mm.causal), "window_two_sided": mm.sliding_window(40, False),
+    }
+
+
+def scores(H):
+    g = torch.Generator().manual_seed(3)
+    return {"none": None, "alibi": mm.alibi(mm.alibi_slopes(H)), "soft_cap": mm.soft_cap(2.0),
+            "relative_position_bias": mm.relative_position_bias(torch.randn(H, 21, generator=g), 10)}
+
+
+def case(mod_name, score_name, dtype, block, L, S, Bm=None):
+    B, H, E = 2, 2, 32
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, n, E, generator=g).to(dtype) for n in (L, S, S))
+    mod, sm = mods(L, S)[mod_name], scores(H)[score_name]
+    bm = None if mod is None else create_block_mask(mod, Bm, None, L, S, BLOCK_SIZE=block)
+    with torch.no_grad():
+        out = flex_attention(q, k, v, score_mod=sm, block_mask=bm, backend="triton")
+        ref = flex_attention(q.double(), k.double(), v.double(), score_mod=sm, block_mask=bm, backend="reference")
+    assert out.dtype == dtype and out.shape == ref.shape
+    return float((out.double() - ref).abs().max())
+
+
+CASES = {}
+for m in mods(200, 200):  # every mod, ragged L = S = 200, the GPU's (128, 64) tiles, float32
+    CASES[f"{m}-none-float32-128x64"] = (m, "none", torch.float32, (128, 64), 200, 200)
+for s in ("alibi", "soft_cap", "relative_position_bias"):
+    CASES[f"sinks_window-{s}-float32-128x64"] = ("sinks_window", s, torch.float32, (128, 64), 200, 200)
+for m in ("causal", "document_causal", "sinks_window"):  # float16 at (64, 64) and (128, 128), round lengths
+    CASES[f"{m}-none-float16-64x64"] = (m, "none", torch.float16, (64, 64), 256, 256)
+CASES["causal-alibi-float16-128x128"] = ("causal", "alibi", torch.float16, (128, 128), 256, 256)
+CASES["bottom_right-none-float32-64x32-L<S"] = ("bottom_right", "none", torch.float32, (64, 32), 100, 230)
+CASES["sinks_window-none-float32-per-batch-mask"] = ("sinks_window", "none", torch.float32, (64, 64), 200, 200, 2)
+
+
+def errors():
+    q = torch.randn(1, 1, 64, 16)
+    out = {}
+    bm = create_block_mask(mm.strided(8), None, None, 64, 64, BLOCK_SIZE=32)
+    for name, call in {
+        "unsupported_mask": lambda: flex_attention(q, q, q, block_mask=bm, backend="triton"),
+        "needs_grad": lambda: flex_attention(q.requires_grad_(), q, q, backend="triton"),
+    }.items():
+        try:
+            call()
+            out[name] = "no error"
+        except (ValueError, NotImplementedError) as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(CASES)
+    result = {}
+    for n in names:
+        try:
+            result[n] = case(*CASES[n])
+        except Exception as exc:  # noqa: BLE001
+            result[n] = f"{type(exc).__name__}: {exc}"
+    result["errors"] = errors()
+    print(json.dumps(result))

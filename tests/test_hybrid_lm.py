@@ -1,0 +1,101 @@
+"""The hybrid language model (softmax, window and linear layers) and the shipped checkpoints of chapter 12."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention_core.models.hybrid_lm import KINDS, HybridLM, build_hybrid_lm
+from attention_core.shakespeare import hybrid as hy
+from attention_core.training.checkpoint import file_sha256, read_manifest
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_is_causal_and_has_the_same_parameters(kind):
+    torch.manual_seed(0)
+    model = HybridLM(11, (kind, kind), d_model=16, num_heads=2, context=12, window=3).eval()
+    ref = HybridLM(11, ("softmax", "softmax"), d_model=16, num_heads=2, context=12, window=3)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    x = torch.randint(0, 11, (2, 12))
+    y = x.clone()
+    y[:, 7:] = (y[:, 7:] + 1) % 11
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[:, :7], model(y)[:, :7])
+        assert not torch.allclose(model(x)[:, 7:], model(y)[:, 7:])
+
+
+def test_a_window_layer_sees_exactly_its_window():
+    torch.manual_seed(0)
+    model = HybridLM(11, ("window",), d_model=16, num_heads=2, context=12, window=3).eval()
+    x = torch.randint(0, 11, (1, 12))
+    y = x.clone()
+    y[0, 4] = (y[0, 4] + 1) % 11
+    with torch.no_grad():
+        diff = (model(x) - model(y)).abs().amax(-1)[0]  # (12,)
+    assert (diff[4:7] > 0).all() and (diff[7:] == 0).all() and (diff[:4] == 0).all()
+
+
+def test_decode_state_and_flops_formulas():
+    model = HybridLM(11, ("softmax", "window", "linear"), d_model=16, num_heads=2, context=12, window=3)
+    E = 8
+    assert model.decode_state_elements(100) == 2 * 16 * 100 + 2 * 16 * 3 + 2 * E * (E + 1)
+    assert model.decode_state_elements(2) == 2 * 16 * 2 + 2 * 16 * 2 + 2 * E * (E + 1)
+    assert model.attention_flops_per_token(100) == 2 * 16 * 100 + 2 * 16 * 3 + 2 * 2 * E * (E + 1)
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    ({"layers": ("softmax", "mamba")}, ValueError, "layers"),
+    ({"layers": "softmax"}, ValueError, "layers"),
+    ({"d_model": 15}, ValueError, "divisible"),
+    ({"window": 0}, ValueError, "window"),
+    ({"context": 2.0}, TypeError, "context"),
+])
+def test_constructor_errors_name_the_argument(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        HybridLM(11, **{"d_model": 16, "num_heads": 2, **kwargs})
+
+
+def test_forward_errors():
+    model = HybridLM(11, ("linear",), d_model=16, num_heads=2, context=4)
+    with pytest.raises(ValueError, match="context"):
+        model(torch.zeros(1, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="tokens"):
+        model(torch.zeros(5, dtype=torch.long))
+
+
+def test_training_runs_and_repeats():
+    recipe = replace(hy.HYBRID_RECIPES["hybrid_linear_softmax"], steps=2, batch_size=2, context=16)
+    a, log_a = hy.train_hybrid(recipe)
+    b, log_b = hy.train_hybrid(recipe)
+    assert log_a.losses == log_b.losses and len(log_a.losses) == 2
+    assert [k for k in a.config["layers"]] == ["linear", "softmax"]
+    with pytest.raises(TypeError, match="recipe"):
+        hy.train_hybrid({"steps": 2})
+    with pytest.raises(ValueError, match="name"):
+        hy.load_or_train_hybrid("hybrid_mamba")
+
+
+@pytest.mark.parametrize("name", sorted(hy.HYBRID_RECIPES))
+def test_shipped_checkpoints_load_verified_and_are_small(name):
+    entry = read_manifest(hy.CHECKPOINT_DIR)[name]
+    path = Path(hy.CHECKPOINT_DIR) / entry["file"]
+    assert path.stat().st_size < 2 * 2**20 and file_sha256(path) == entry["sha256"]
+    model, loaded = hy.load_or_train_hybrid(name)
+    assert loaded == entry and isinstance(model, HybridLM)
+    assert model.config["layers"] == hy.HYBRID_RECIPES[name].layers.split("+")
+    assert build_hybrid_lm(model.config).config == model.config
+    assert entry["val_loss"] < 3.0  # far below uniform guessing over 65 characters (ln 65 = 4.17)
+
+
+def test_building_and_loading_leave_the_global_rng_alone():
+    torch.manual_seed(1234)
+    torch.rand(3)
+    before = torch.get_rng_state()
+    hy.load_or_train_hybrid("hybrid_linear")
+    a = build_hybrid_lm({"vocab_size": 11, "layers": ["linear"], "d_model": 16, "num_heads": 2}, seed=3)
+    assert torch.equal(torch.get_rng_state(), before)
+    b = build_hybrid_lm({"vocab_size": 11, "layers": ["linear"], "d_model": 16, "num_heads": 2}, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
