@@ -6,8 +6,8 @@ The public names below are the contract; everything else is an implementation de
 
 from attention_core import mask_mods, scoring
 from attention_core.backends import available_backends, get_backend, use_backend
-from attention_core.functional import attention_weights, masked_softmax, scaled_dot_product_attention, weights_entropy
 from attention_core.flex_attention import BlockMask, create_block_mask, flex_attention
+from attention_core.functional import attention_weights, masked_softmax, scaled_dot_product_attention, weights_entropy
 from attention_core.kernel_regression import KERNELS, nadaraya_watson, nadaraya_watson_weights
 from attention_core.mask_mods import and_masks, or_masks
 from attention_core.masks import (
