@@ -423,3 +423,16 @@ def test_score_mods_match_their_definitions():
     torch.testing.assert_close(mm.dense_scores(mm.relative_position_bias(table, 3), scores),
                                scores + table[:, (j - i).clamp(-3, 3) + 3][None])
     assert mm.alibi_slopes(8).tolist() == [2 ** -(k + 1) for k in range(8)]
+
+
+def test_multihead_attention_takes_a_block_mask():
+    torch.manual_seed(0)
+    mha = ac.MultiHeadAttention(32, 4, num_kv_heads=2).double().eval()
+    x = torch.randn(2, 150, 32, dtype=torch.float64)
+    mod = mm.sinks_and_window(3, 20)
+    bm = create_block_mask(mod, None, None, 150, 150, BLOCK_SIZE=32)
+    out, _ = mha(x, block_mask=bm)
+    expected, _ = mha(x, attn_mask=mm.dense_mask(mod, 1, 1, 150, 150)[0, 0])
+    torch.testing.assert_close(out, expected)
+    with pytest.raises(ValueError, match="block_mask replaces"):
+        mha(x, block_mask=bm, is_causal=True)
