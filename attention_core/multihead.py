@@ -23,6 +23,7 @@ from attention_core._checks import (
     check_tensor,
     fmt_shape,
 )
+from attention_core.flex_attention import BlockMask, flex_attention
 from attention_core.functional import attention
 from attention_core.masks import causal_mask, combine_masks
 
@@ -96,6 +97,7 @@ class MultiHeadAttention(nn.Module):
         *,
         key_padding_mask: torch.Tensor | None = None,
         backend: str | None = None,
+        block_mask: BlockMask | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -111,7 +113,10 @@ class MultiHeadAttention(nn.Module):
                 (``torch.nn.MultiheadAttention`` averages them over heads by default; take
                 ``weights.mean(1)`` for that.)
             key_padding_mask: (B, S), True (or 0.0) for real keys, False (or -inf) for padding.
-            backend: passed to :func:`attention_core.scaled_dot_product_attention`.
+            backend: passed to :func:`attention_core.scaled_dot_product_attention` (or to
+                :func:`attention_core.flex_attention` with a ``block_mask``: ``"chunked"`` by default).
+            block_mask: a :class:`attention_core.BlockMask` of (L, S) instead of ``attn_mask``/``is_causal``/
+                ``key_padding_mask``: attention then skips the tiles it records as empty (no dropout, no weights).
 
         Returns:
             ``(out, weights)``: out (B, L, D); weights (B, Hq, L, S) before dropout, or ``None``.
@@ -128,7 +133,14 @@ class MultiHeadAttention(nn.Module):
         k = self.k_proj(key).view(B, S, H, E).transpose(1, 2)  # (B, S, kdim) -> (B, H, S, E)
         v = self.v_proj(value).view(B, S, H, E).transpose(1, 2)  # (B, S, vdim) -> (B, H, S, E)
         args = (q, k, v, mask, self.dropout if self.training else 0.0, causal_fast)
-        out, weights = attention(*args, enable_gqa=H != Hq, need_weights=need_weights, backend=backend)
+        if block_mask is not None:
+            if mask is not None or is_causal or need_weights or args[4] > 0:
+                raise ValueError("block_mask replaces attn_mask, is_causal and key_padding_mask, and takes no "
+                                 "dropout and no need_weights")
+            out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=H != Hq, backend=backend or "chunked")
+            weights = None
+        else:
+            out, weights = attention(*args, enable_gqa=H != Hq, need_weights=need_weights, backend=backend)
         out = out.transpose(1, 2).reshape(B, L, self.embed_dim)  # (B, Hq, L, E) -> (B, L, Hq * E)
         return self.out_proj(out), weights
 

@@ -9,12 +9,10 @@ import json
 import os
 import sys
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+import torch
 
-import torch  # noqa: E402
-
-import attention_core.mask_mods as mm  # noqa: E402
-from attention_core.flex_attention import create_block_mask, flex_attention  # noqa: E402
+import attention_core.mask_mods as mm
+from attention_core.flex_attention import create_block_mask, flex_attention
 
 DOCS = torch.arange(256) // 45
 
@@ -75,6 +73,7 @@ def errors():
 
 
 if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     names = sys.argv[1:] or list(CASES)
     result = {}
     for n in names:

@@ -382,3 +382,57 @@ def test_compiled_torch_flex_attention_agrees(score_name):
         pytest.skip(f"compiled FlexAttention does not run here: {type(exc).__name__}: {str(exc)[:200]}")
     ours = flex_attention(q, k, v, score_mod=score_mod, block_mask=create_block_mask(mod, None, None, Lc, Lc))
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------- the mods against their definitions
+
+LS = (37, 45)
+DEFINITIONS = {  # name: (mod, python predicate of (b, i, j)), written from the papers, one pair at a time
+    "causal": (mm.causal, lambda b, i, j: j <= i),
+    "causal_bottom_right": (mm.causal_bottom_right(*LS), lambda b, i, j: j <= i + LS[1] - LS[0]),
+    "sliding_window": (mm.sliding_window(5), lambda b, i, j: i - 5 < j <= i),
+    "sliding_window_two_sided": (mm.sliding_window(5, causal=False), lambda b, i, j: abs(i - j) <= 2),
+    "sinks_and_window": (mm.sinks_and_window(3, 5), lambda b, i, j: j <= i and (j < 3 or i - j < 5)),
+    "document": (mm.document(torch.arange(45) // 10), lambda b, i, j: i // 10 == j // 10),
+    "key_padding": (mm.key_padding([20, 0]), lambda b, i, j: j < [20, 0][b]),
+    "prefix_lm": (mm.prefix_lm(8), lambda b, i, j: j < 8 or j <= i),
+    "strided": (mm.strided(4), lambda b, i, j: j <= i and ((i - j) < 4 or (i - j) % 4 == 0)),
+    "fixed": (mm.fixed(8, 2), lambda b, i, j: j <= i and (j // 8 == i // 8 or j % 8 in (6, 7))),
+    "longformer": (mm.longformer(6, 2), lambda b, i, j: abs(i - j) <= 3 or i < 2 or j < 2),
+    "and_or": (mm.or_masks(mm.and_masks(mm.causal, mm.sliding_window(3, causal=False)), mm.prefix_lm(2)),
+               lambda b, i, j: (j <= i and abs(i - j) <= 1) or (j < 2 or j <= i)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEFINITIONS))
+def test_mods_match_their_definitions(name):
+    mod, rule = DEFINITIONS[name]
+    dense = mm.dense_mask(mod, 2, 1, *LS)
+    expected = torch.tensor([[[[rule(b, i, j) for j in range(LS[1])] for i in range(LS[0])]] for b in range(2)])
+    assert torch.equal(dense, expected)
+
+
+def test_score_mods_match_their_definitions():
+    scores = torch.randn(1, 2, 5, 7, dtype=torch.float64)
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float64)
+    table = torch.randn(2, 7, dtype=torch.float64)
+    i, j = torch.arange(5)[:, None], torch.arange(7)[None, :]
+    torch.testing.assert_close(mm.dense_scores(mm.alibi(slopes), scores),
+                               scores + slopes.view(1, 2, 1, 1) * (j - i))
+    torch.testing.assert_close(mm.dense_scores(mm.soft_cap(2.0), scores), 2.0 * torch.tanh(scores / 2.0))
+    torch.testing.assert_close(mm.dense_scores(mm.relative_position_bias(table, 3), scores),
+                               scores + table[:, (j - i).clamp(-3, 3) + 3][None])
+    assert mm.alibi_slopes(8).tolist() == [2 ** -(k + 1) for k in range(8)]
+
+
+def test_multihead_attention_takes_a_block_mask():
+    torch.manual_seed(0)
+    mha = ac.MultiHeadAttention(32, 4, num_kv_heads=2).double().eval()
+    x = torch.randn(2, 150, 32, dtype=torch.float64)
+    mod = mm.sinks_and_window(3, 20)
+    bm = create_block_mask(mod, None, None, 150, 150, BLOCK_SIZE=32)
+    out, _ = mha(x, block_mask=bm)
+    expected, _ = mha(x, attn_mask=mm.dense_mask(mod, 1, 1, 150, 150)[0, 0])
+    torch.testing.assert_close(out, expected)
+    with pytest.raises(ValueError, match="block_mask replaces"):
+        mha(x, block_mask=bm, is_causal=True)

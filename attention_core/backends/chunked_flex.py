@@ -179,7 +179,6 @@ def _forward(run: _Run, q, k, v, out, lse) -> None:
     lowest = torch.finfo(q.dtype).min
     for sel, b_idx, h_idx, plan in run.plan.groups:
         qg, kg, vg = _take(q, sel), _take(k, sel), _take(v, sel)  # (G, L, E), (G, S, E), (G, S, Ev)
-        G, Ev = qg.shape[0], vg.shape[-1]
         og, lg = _take(out, sel), _take(lse, sel)  # (G, L, Ev), (G, L, 1): views of the zeros / +inf below
         rows = torch.arange(L, device=q.device).view(1, L, 1)
         for r, chunks in enumerate(plan):
@@ -217,7 +216,7 @@ def _forward(run: _Run, q, k, v, out, lse) -> None:
 
 def _backward(run: _Run, q, k, v, out, lse, grad_out, captured):
     """dq, dk, dv (shapes of q, k, v) and the gradients of the score_mod's captured tensors."""
-    L, E = q.shape[2], q.shape[3]
+    L = q.shape[2]
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     # captured tensors' gradients are sums over every chunk: accumulated in float32 at least, cast at the end
     dcap = [torch.zeros_like(c, dtype=torch.promote_types(c.dtype, torch.float32)) for c in captured]

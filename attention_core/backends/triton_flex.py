@@ -30,7 +30,8 @@ Any other mod raises a ``ValueError`` that names it (use ``backend="chunked"``, 
 
 Forward only: a call that needs gradients raises (``chunked`` has the backward). Dtypes float16 and bfloat16
 (float32 accumulation) and float32 (IEEE dots); E = Ev <= 128. Kernel tiles are the block mask's tiles
-(``BLOCK_SIZE``, powers of two >= 16). Under ``TRITON_INTERPRET=1`` (set before import) the kernel runs on
+(``BLOCK_SIZE``, powers of two >= 16; on a GPU at most :data:`GPU_TILES`, e.g. ``BLOCK_SIZE=(128, 64)`` for
+16-bit inputs). Under ``TRITON_INTERPRET=1`` (set before import) the kernel runs on
 the CPU in NumPy: that is how the tests check it. What it costs on sm_80 / sm_90 (registers, spills) is in
 ``benchmarks/results/triton_flex_resources.json`` (``benchmarks/triton_flex_resources.py``).
 
@@ -45,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRET", "MASK_KINDS", "SCORE_KINDS", "compile_args", "triton_flex_attention"]
+__all__ = ["GPU_TILES", "INTERPRET", "MASK_KINDS", "SCORE_KINDS", "compile_args", "triton_flex_attention"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MASK_KINDS = {"noop": 0, "causal": 1, "window": 2, "sinks_window": 3, "document": 4, "prefix_lm": 5,
@@ -225,10 +226,16 @@ def compile_args(query, key, value, score_mod, block_mask, scale):
     if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"the triton backend takes float16, bfloat16 or float32, got {query.dtype}")
     if block_mask is None:
-        block_mask = create_block_mask(noop_mask, None, None, L, S, device=query.device, BLOCK_SIZE=(64, 64))
+        block_mask = create_block_mask(noop_mask, None, None, L, S, device=query.device,
+                                       BLOCK_SIZE=GPU_TILES[query.dtype])
     Bq, Bk = block_mask.BLOCK_SIZE
     if not (_pow2(Bq) and _pow2(Bk)):
         raise ValueError(f"the triton backend needs BLOCK_SIZE of powers of two >= 16, got {(Bq, Bk)}")
+    top_m, top_n = GPU_TILES[query.dtype]
+    if not INTERPRET and (Bq > top_m or Bk > top_n):
+        raise ValueError(f"on a GPU the triton backend takes {query.dtype} tiles up to {(top_m, top_n)} (larger "
+                         f"ones spill registers), got BLOCK_SIZE {(Bq, Bk)}: create the block mask with "
+                         f"BLOCK_SIZE={(top_m, top_n)}")
     MASK, P0, P1, DOC = _mask_kind(block_mask.mask_mod)
     SCORE, CAP, P2, SLOPES, TABLE = _score_kind(score_mod)
     dev = query.device
@@ -251,10 +258,14 @@ def compile_args(query, key, value, score_mod, block_mask, scale):
     return tensors, scalars, constexprs, grid
 
 
+#: Largest tiles (BLOCK_M, BLOCK_N) a GPU launch takes, per dtype: the ones the resource report compiled
+#: without spills on sm_80 and sm_90 (the interpreter takes any tile).
+GPU_TILES = {torch.float16: (128, 64), torch.bfloat16: (128, 64), torch.float32: (64, 32)}
+
+
 def num_warps_for(dtype: torch.dtype, E: int, BLOCK_M: int, BLOCK_N: int) -> int:
-    """Warps per program: 8 for the larger tiles (the accumulator and q split over more threads), else 4."""
-    big = BLOCK_M * max(E, BLOCK_N) >= 128 * 128 or (dtype == torch.float32 and BLOCK_M * BLOCK_N >= 64 * 64)
-    return 8 if big else 4
+    """Warps per program: 8 for 16-bit tiles with E > 64 (q and the accumulator split over more threads), else 4."""
+    return 8 if dtype != torch.float32 and E > 64 else 4
 
 
 # ------------------------------------------------------------------------------------------------ public

@@ -1,0 +1,141 @@
+"""Registers, spills and shared memory of the Triton flex kernel on sm_80 and sm_90, compiled on the CPU.
+
+Compiles ``attention_core.backends.triton_flex._flex_fwd`` for real GPU targets without a GPU (Triton's
+``ASTSource`` -> PTX -> the wheel's ``ptxas -v``; ``cuobjdump -sass`` counts tensor-core instructions), for
+the launches a GPU takes at the launcher's largest tiles (``GPU_TILES``): the heaviest branches (document ids +
+the relative-bias table) for float16 (E = 64 and 128), bfloat16 and float32 (E = 128), the causal + soft-cap
+branch at float16, E = 128; a round length (4096) and, at float16 E = 128, a ragged one (4001); the launcher's
+own ``num_warps`` rule. (Every branch x dtype x E was too slow to compile on the loaded machine it ran on:
+about a minute per compile.) Writes ``benchmarks/results/triton_flex_resources.json``, with a fingerprint of the kernel
+source; ``tests/test_triton_flex.py`` checks the fingerprint, that no row spills and that the 16-bit dots
+became tensor-core instructions.
+
+    python benchmarks/triton_flex_resources.py --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import hashlib
+import inspect
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "benchmarks" / "results" / "triton_flex_resources.json"
+ARCHS = (80, 90)
+#: (MASK, SCORE) pairs: every mask branch once, every score branch once, the heaviest pairs together.
+COMBOS = [(7, 3), (1, 2)]
+#: The launcher's GPU tiles (triton_flex.GPU_TILES).
+TILES = {"float16": (128, 64), "bfloat16": (128, 64), "float32": (64, 32)}
+
+
+def kernel_fingerprint() -> str:
+    """sha256 of the source of every jit function of the kernel, and of the launcher's warp rule."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    from attention_core.backends import triton_flex as tf
+
+    parts = [tf._keep.src, tf._score.src, tf._tile.src, tf._flex_fwd.src, inspect.getsource(tf.num_warps_for)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def jobs(quick: bool = False) -> list:
+    """The heaviest pair of branches (document loads + the bias table) at every dtype's GPU tile, E = 128
+    (and E = 64 for float16); the soft-cap branch too at float16, E = 128; the ragged length there as well."""
+    out = []
+    for arch in ARCHS:
+        for dtype, (bm, bn) in TILES.items():
+            for E in (64, 128) if dtype == "float16" else (128,):
+                wide = (dtype, E) == ("float16", 128) and not quick
+                for mask, score in COMBOS if wide else COMBOS[:1]:
+                    for L in (4096, 4001) if wide and (mask, score) == COMBOS[0] else (4096,):
+                        out.append(dict(arch=arch, dtype=dtype, E=E, BLOCK_M=bm, BLOCK_N=bn, MASK=mask,
+                                        SCORE=score, L=L))
+    return out
+
+
+def compile_job(job: dict) -> dict:
+    os.environ.pop("TRITON_INTERPRET", None)
+    import torch
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from attention_core.backends import triton_flex as tf
+    from attention_core.backends.triton_inspect import _REGS_RE, _SPILL_RE, _TC_RE, _signature, _tool
+
+    L = S = job["L"]
+    nQ, nK = -(-L // job["BLOCK_M"]), -(-S // job["BLOCK_N"])
+    ptr = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[job["dtype"]]
+    values = dict(Q=ptr, K=ptr, V=ptr, Out=ptr, LSE="*fp32", KV_NUM="*i32", KV_IDX="*i32", FULL_NUM="*i32",
+                  FULL_IDX="*i32", DOC="*i32", SLOPES="*fp32", TABLE="*fp32", sm_scale=0.125, CAP=30.0,
+                  L=L, S=S, H=8, HM=1, N_Q_TILES=nQ, N_K_TILES=nK, P0=4, P1=256, P2=64,
+                  BM_B=0, BM_H=0, MASK=job["MASK"], SCORE=job["SCORE"], E=job["E"],
+                  BLOCK_D=max(16, triton.next_power_of_2(job["E"])), BLOCK_M=job["BLOCK_M"],
+                  BLOCK_N=job["BLOCK_N"], IEEE=job["dtype"] == "float32")
+    fn = tf._flex_fwd
+    signature, constexprs, attrs = _signature(fn, values)
+    warps = tf.num_warps_for(getattr(torch, job["dtype"]), job["E"], job["BLOCK_M"], job["BLOCK_N"])
+    log = io.StringIO()
+    with tempfile.TemporaryDirectory() as tmp:
+        with knobs.cache.scope(), knobs.compilation.scope(), knobs.nvidia.scope():
+            knobs.cache.dir = tmp
+            knobs.compilation.always_compile = True
+            knobs.nvidia.dump_ptxas_log = True
+            start = time.perf_counter()
+            with contextlib.redirect_stdout(log):
+                compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                          target=GPUTarget("cuda", job["arch"], 32),
+                                          options={"num_warps": warps, "num_stages": 2})
+            seconds = time.perf_counter() - start
+        cubin = os.path.join(tmp, "kernel.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    text = log.getvalue()
+    regs, spill = _REGS_RE.search(text), _SPILL_RE.search(text)
+    counts = {"HGMMA": 0, "HMMA": 0}
+    for match in _TC_RE.finditer(sass):
+        counts[match.group(1)] += 1
+    return {**job, "num_warps": warps, "num_stages": 2, "registers": int(regs.group(1)),
+            "stack_bytes": int(spill.group(1)), "spill_stores": int(spill.group(2)),
+            "spill_loads": int(spill.group(3)), "shared_bytes": int(compiled.metadata.shared),
+            "hgmma": counts["HGMMA"], "hmma": counts["HMMA"], "compile_s": round(seconds, 2)}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="the heaviest branches only")
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    import triton
+
+    todo = jobs(args.quick)
+    start = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(compile_job, todo))
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "triton": triton.__version__,
+            "fingerprint": kernel_fingerprint(), "archs": list(ARCHS), "combos": COMBOS, "tiles": TILES,
+            "quick": args.quick, "wall_s": round(time.perf_counter() - start, 1),
+            "command": "python benchmarks/triton_flex_resources.py " + " ".join(argv or sys.argv[1:])}
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    spills = [r for r in rows if r["spill_stores"] or r["spill_loads"]]
+    print(f"{len(rows)} compiles, {len(spills)} spill, max registers {max(r['registers'] for r in rows)}; "
+          f"wrote {args.out} ({meta['wall_s']} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The Triton flex kernel: interpreter parity at GPU tile shapes, and its committed resource report.
+
+1. Interpreter (CPU, CI): every compiled-in mask mod and score mod, under ``TRITON_INTERPRET=1`` in a child
+   process (``_triton_flex_cases.py``), at the GPU's tiles ((128, 64), (64, 64), (128, 128)), ragged and round
+   lengths, L < S, a per-batch block mask, float32 and float16, against the float64 dense reference; an
+   unsupported mod and a call needing gradients raise clear errors.
+2. Resources: ``benchmarks/results/triton_flex_resources.json`` (``benchmarks/triton_flex_resources.py``)
+   belongs to today's kernel source (fingerprint), and on sm_80 and sm_90 no row spills, shared memory fits,
+   and 16-bit dots became tensor-core instructions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+REPORT = ROOT / "benchmarks" / "results" / "triton_flex_resources.json"
+SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+@pytest.fixture(scope="module")
+def interp_results() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "_triton_flex_cases.py")], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _case_names() -> list:
+    import _triton_flex_cases
+
+    return sorted(_triton_flex_cases.CASES)
+
+
+@pytest.mark.parametrize("name", _case_names())
+def test_interpreter_parity(interp_results, name):
+    err = interp_results[name]
+    assert isinstance(err, float), err
+    tol = 2e-3 if "float16" in name else 1e-5  # float16: the output's own rounding (2**-11 relative)
+    assert err <= tol, f"{name}: max |triton - reference| = {err}"
+
+
+def test_interpreter_covers_every_compiled_mod():
+    from attention_core.backends.triton_flex import MASK_KINDS, SCORE_KINDS
+
+    names = _case_names()
+    for mask in MASK_KINDS:
+        assert any(n.startswith(f"{mask}-") for n in names), mask
+    for score in (k for k in SCORE_KINDS if k):
+        assert any(f"-{score}-" in n for n in names), score
+
+
+def test_unsupported_calls_raise(interp_results):
+    errors = interp_results["errors"]
+    assert errors["unsupported_mask"].startswith("ValueError") and "strided(8)" in errors["unsupported_mask"]
+    assert errors["needs_grad"].startswith("NotImplementedError") and "chunked" in errors["needs_grad"]
+
+
+def test_resource_report_is_todays_and_clean():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import triton_flex_resources as tr
+
+    report = json.loads(REPORT.read_text())
+    assert report["meta"]["fingerprint"] == tr.kernel_fingerprint(), (
+        "the flex kernel changed since the report: run python benchmarks/triton_flex_resources.py")
+    expected = {json.dumps(j, sort_keys=True) for j in tr.jobs()}
+    seen = {json.dumps({k: r[k] for k in ("arch", "dtype", "E", "BLOCK_M", "BLOCK_N", "MASK", "SCORE", "L")},
+                       sort_keys=True) for r in report["rows"]}
+    assert expected == seen, "the report does not hold today's launch list"
+    for r in report["rows"]:
+        assert r["arch"] in (80, 90)
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert r["shared_bytes"] <= SHARED_LIMIT[r["arch"]], r
+        if r["dtype"] != "float32":
+            assert (r["hgmma"] if r["arch"] == 90 else r["hmma"]) > 0, r
+    from attention_core.backends.triton_flex import GPU_TILES
+
+    tiles = {str(d).removeprefix("torch."): t for d, t in GPU_TILES.items()}
+    assert {d: tuple(t) for d, t in tr.TILES.items()} == tiles
