@@ -28,6 +28,7 @@ import attention_core as ac  # noqa: E402
 from attention_core import language_model as lm  # noqa: E402
 from attention_core import masks, pretrained  # noqa: E402
 from attention_core import rnn_attention as ra  # noqa: E402
+from attention_core.models import vit  # noqa: E402
 from attention_core.backends.reference import softmax_with_mask  # noqa: E402
 from attention_core.booktools import chapter_exercises as ce  # noqa: E402
 from attention_core.booktools import code_checks, exercises  # noqa: E402
@@ -39,7 +40,8 @@ BOOK = Path(__file__).resolve().parents[1] / "book"
 NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch03": "03_bahdanau",
             "ch04": "04_luong", "ch05": "05_self_attention", "ch06": "06_multi_head_attention",
             "ch07": "07_positional_information", "ch08": "08_transformer", "ch09": "09_attention_at_scale",
-            "ch10": "10_pretrained_minilm", "ch11": "11_decoder_only_lm"}
+            "ch10": "10_pretrained_minilm", "ch11": "11_decoder_only_lm",
+            "ch14": "14_vision_transformer"}
 NEG_INF = float("-inf")
 LIBRARY = "is not available while your"  # what a blocked library function says
 
@@ -188,6 +190,13 @@ CH11 = [("float mask", lambda L, S, w: ce._decode(L, S, w).float()),
         ("transposed (S, L)", lambda L, S, w: ce._decode(L, S, w).T),
         ("window None crashes", lambda L, S, w: ce._decode(L, S, w) & (torch.arange(S) > S - 1 - w))]
 CH11_LIBRARY = [lambda L, S, w: lm.cached_causal_mask(L, S, w)]
+CH14 = [("unfold without the transpose", lambda x, p: F.unfold(x, p, stride=p)),
+        ("the last patch dropped (off by one)", lambda x, p: vit_unfold(x, p)[:, :-1]),
+        ("the image read transposed", lambda x, p: vit_unfold(x.transpose(-2, -1), p))]
+
+
+def vit_unfold(x, p):
+    return F.unfold(x, p, stride=p).transpose(1, 2)  # (B, C*p*p, N) -> (B, N, C*p*p)
 
 
 def _as_list(x):
@@ -208,7 +217,8 @@ _ch07_captured = _ch07_closure()
 # Routes a student found around the blocked names: the library function held in a dict, or copied with
 # types.FunctionType (its own globals); the checker refuses them by their code objects.
 _LIBRARY_IN_A_DICT = {"nw": ac.nadaraya_watson, "mp": pretrained.mean_pool, "cm": lm.cached_causal_mask,
-                      "lw": local_attention_weights}
+                      "lw": local_attention_weights,
+                      "pf": vit.patchify}
 _NW_COPY = types.FunctionType(ac.nadaraya_watson.__code__, dict(ac.nadaraya_watson.__globals__), "nw_copy",
                               ac.nadaraya_watson.__defaults__, ac.nadaraya_watson.__closure__)
 
@@ -234,6 +244,7 @@ EXTRA = {
     "ch11.decode_mask": (CH11, CH11_LIBRARY + [
         lambda L, S, w: _LIBRARY_IN_A_DICT["cm"](L, S, w),
         lambda L, S, w: (masks.causal_mask(S) if w is None else masks.sliding_window_mask(S, w))[S - L:]]),
+    "ch14.patchify": (CH14, [lambda x, p: vit.patchify(x, p), lambda x, p: _LIBRARY_IN_A_DICT["pf"](x, p)]),
 }
 MUTANTS: dict = {}
 for _key in ce.EXERCISES:
@@ -322,6 +333,17 @@ def _ch10_float32(hidden, mask):
     return torch.stack([h[b, mask[b]].sum(0) for b in range(h.shape[0])]) / counts
 
 
+def _ch14_unfold(images, patch_size):
+    return F.unfold(images, patch_size, stride=patch_size).transpose(1, 2)  # (B, C*p*p, N) -> (B, N, C*p*p)
+
+
+def _ch14_loops(images, patch_size):
+    B, C, H, W = images.shape
+    p = patch_size
+    rows = [images[:, :, r:r + p, c:c + p].reshape(B, -1) for r in range(0, H, p) for c in range(0, W, p)]
+    return torch.stack(rows, dim=1)
+
+
 def _ch11_triangles(L, S, window):
     ones = torch.ones(L, S, dtype=torch.bool)
     mask = ones.tril(S - L)
@@ -333,7 +355,7 @@ ALTERNATIVES = {"ch01.boxcar_nw": [_ch01_loop], "ch02.masked_softmax": [_ch02_wh
                 "ch05.causal_attention": [_ch05_einsum], "ch06.causal_multi_head": [_ch06_alt],
                 "ch07.rope": [_ch07_complex], "ch08.causal_attention": [_ch08_float64],
                 "ch09.merge_partials": [_ch09_float32], "ch10.mean_pool": [_ch10_float32],
-                "ch11.decode_mask": [_ch11_triangles]}
+                "ch11.decode_mask": [_ch11_triangles], "ch14.patchify": [_ch14_unfold, _ch14_loops]}
 
 
 # ------------------------------------------------------------------------------------------ worked solutions
@@ -428,6 +450,13 @@ def decode_mask(L, S, window):
     mask = j <= i
     return mask if window is None else mask & (j > i - window)
 """,
+    "ch14.patchify": """
+def patchify(images, patch_size):
+    B, C, H, W = images.shape
+    p = patch_size
+    x = images.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(B, (H // p) * (W // p), C * p * p)
+""",
 }
 
 
@@ -460,7 +489,7 @@ def test_at_least_four_mutants_per_exercise(capsys):
     with capsys.disabled():
         print("\nmutants per code exercise:", ", ".join(f"{k} {n}" for k, n in counts.items()),
               f"(total {sum(counts.values())})")
-    assert set(counts) == set(ce.EXERCISES) and len(counts) == 11
+    assert set(counts) == set(ce.EXERCISES) and len(counts) == len(ce.EXERCISES)
     assert all(n >= 4 for n in counts.values()), counts
 
 
@@ -533,6 +562,7 @@ STATEMENT_OUTPUT = {
     "ch09.merge_partials": "([2.5413], 2.0, 1.1353)",
     "ch10.mean_pool": "[[2.0, 3.0]]",
     "ch11.decode_mask": "[[True, True, True, False], [True, True, True, True]]",
+    "ch14.patchify": "[[[0.0, 1.0, 4.0, 5.0], [2.0, 3.0, 6.0, 7.0], [8.0, 9.0, 12.0, 13.0], [10.0, 11.0, 14.0, 15.0]]]",
 }
 
 
