@@ -28,11 +28,11 @@ import attention_core as ac  # noqa: E402
 from attention_core import language_model as lm  # noqa: E402
 from attention_core import masks, pretrained  # noqa: E402
 from attention_core import rnn_attention as ra  # noqa: E402
-from attention_core.models import vit  # noqa: E402
 from attention_core.backends.reference import softmax_with_mask  # noqa: E402
 from attention_core.booktools import chapter_exercises as ce  # noqa: E402
 from attention_core.booktools import code_checks, exercises  # noqa: E402
 from attention_core.functional import masked_softmax as lib_masked_softmax  # noqa: E402
+from attention_core.models import vit  # noqa: E402
 from attention_core.positional import apply_rotary  # noqa: E402
 from attention_core.rnn_attention import AdditiveAttention, local_attention_weights  # noqa: E402
 
