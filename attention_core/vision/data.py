@@ -16,8 +16,9 @@ import torch
 
 __all__ = ["CaptionSet", "Digits", "START", "WORDS", "caption_text", "load_digits", "make_caption_set", "subset"]
 
-#: The caption vocabulary: the ten digit names, then the start token (index 10).
+#: The caption vocabulary, the ten digit names and then the start token (index 10).
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "<start>")
+#: Index of the start token in :data:`WORDS`.
 START = 10
 
 
