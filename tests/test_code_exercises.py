@@ -33,6 +33,7 @@ from attention_core.booktools import code_checks, exercises  # noqa: E402
 from attention_core.functional import masked_softmax as lib_masked_softmax  # noqa: E402
 from attention_core.models import language_model as lm  # noqa: E402
 from attention_core.models import rnn_attention as ra  # noqa: E402
+from attention_core.models import vit  # noqa: E402
 from attention_core.models.rnn_attention import AdditiveAttention, local_attention_weights  # noqa: E402
 from attention_core.positional import apply_rotary  # noqa: E402
 
@@ -42,7 +43,8 @@ NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch0
             "ch07": "07_positional_information", "ch08": "08_transformer", "ch09": "09_attention_at_scale",
             "ch10": "10_pretrained_minilm", "ch11": "11_decoder_only_lm",
             "ch12": "12_beyond_dense_attention",
-            "ch13": "13_attention_as_explanation"}
+            "ch13": "13_attention_as_explanation",
+            "ch14": "14_vision_transformer"}
 NEG_INF = float("-inf")
 LIBRARY = "is not available while your"  # what a blocked library function says
 
@@ -222,6 +224,15 @@ CH13_LIBRARY = [lambda m: explain.attention_rollout(list(m[:, None]))[0],
                 if m.shape[0] > 1 else explain.residual_attention(m[0])]
 
 
+CH14 = [("unfold without the transpose", lambda x, p: F.unfold(x, p, stride=p)),
+        ("the last patch dropped (off by one)", lambda x, p: vit_unfold(x, p)[:, :-1]),
+        ("the image read transposed", lambda x, p: vit_unfold(x.transpose(-2, -1), p))]
+
+
+def vit_unfold(x, p):
+    return F.unfold(x, p, stride=p).transpose(1, 2)  # (B, C*p*p, N) -> (B, N, C*p*p)
+
+
 def _as_list(x):
     return x if isinstance(x, list) else [x]
 
@@ -240,7 +251,8 @@ _ch07_captured = _ch07_closure()
 # Routes a student found around the blocked names: the library function held in a dict, or copied with
 # types.FunctionType (its own globals); the checker refuses them by their code objects.
 _LIBRARY_IN_A_DICT = {"nw": ac.nadaraya_watson, "mp": pretrained.mean_pool, "cm": lm.cached_causal_mask,
-                      "lw": local_attention_weights}
+                      "lw": local_attention_weights,
+                      "pf": vit.patchify}
 _NW_COPY = types.FunctionType(ac.nadaraya_watson.__code__, dict(ac.nadaraya_watson.__globals__), "nw_copy",
                               ac.nadaraya_watson.__defaults__, ac.nadaraya_watson.__closure__)
 
@@ -268,6 +280,7 @@ EXTRA = {
         lambda L, S, w: (masks.causal_mask(S) if w is None else masks.sliding_window_mask(S, w))[S - L:]]),
     "ch12.causal_linear_attention": (CH12, CH12_LIBRARY),
     "ch13.rollout": (CH13, CH13_LIBRARY),
+    "ch14.patchify": (CH14, [lambda x, p: vit.patchify(x, p), lambda x, p: _LIBRARY_IN_A_DICT["pf"](x, p)]),
 }
 MUTANTS: dict = {}
 for _key in ce.EXERCISES:
@@ -369,6 +382,17 @@ def _ch12_running_sums(query, key, value):
     return torch.stack(outs, -2).to(value.dtype)
 
 
+def _ch14_unfold(images, patch_size):
+    return F.unfold(images, patch_size, stride=patch_size).transpose(1, 2)  # (B, C*p*p, N) -> (B, N, C*p*p)
+
+
+def _ch14_loops(images, patch_size):
+    B, C, H, W = images.shape
+    p = patch_size
+    rows = [images[:, :, r:r + p, c:c + p].reshape(B, -1) for r in range(0, H, p) for c in range(0, W, p)]
+    return torch.stack(rows, dim=1)
+
+
 def _ch11_triangles(L, S, window):
     ones = torch.ones(L, S, dtype=torch.bool)
     mask = ones.tril(S - L)
@@ -389,7 +413,8 @@ ALTERNATIVES = {"ch01.boxcar_nw": [_ch01_loop], "ch02.masked_softmax": [_ch02_wh
                 "ch07.rope": [_ch07_complex], "ch08.causal_attention": [_ch08_float64],
                 "ch09.merge_partials": [_ch09_float32], "ch10.mean_pool": [_ch10_float32],
                 "ch11.decode_mask": [_ch11_triangles],
-                "ch12.causal_linear_attention": [_ch12_running_sums], "ch13.rollout": [_ch13_float32_loop]}
+                "ch12.causal_linear_attention": [_ch12_running_sums], "ch13.rollout": [_ch13_float32_loop],
+                "ch14.patchify": [_ch14_unfold, _ch14_loops]}
 
 
 # ------------------------------------------------------------------------------------------ worked solutions
@@ -499,6 +524,13 @@ def rollout(maps):
         out = (a + torch.eye(L, dtype=maps.dtype)) / 2 @ out
     return out
 """,
+    "ch14.patchify": """
+def patchify(images, patch_size):
+    B, C, H, W = images.shape
+    p = patch_size
+    x = images.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(B, (H // p) * (W // p), C * p * p)
+""",
 }
 
 
@@ -531,7 +563,7 @@ def test_at_least_four_mutants_per_exercise(capsys):
     with capsys.disabled():
         print("\nmutants per code exercise:", ", ".join(f"{k} {n}" for k, n in counts.items()),
               f"(total {sum(counts.values())})")
-    assert set(counts) == set(ce.EXERCISES) and len(counts) == 13
+    assert set(counts) == set(ce.EXERCISES) and len(counts) == len(ce.EXERCISES)
     assert all(n >= 4 for n in counts.values()), counts
 
 
@@ -606,6 +638,7 @@ STATEMENT_OUTPUT = {
     "ch11.decode_mask": "[[True, True, True, False], [True, True, True, True]]",
     "ch12.causal_linear_attention": "[[2.0], [3.0]]",
     "ch13.rollout": "[[0.75, 0.25], [0.5, 0.5]]",
+    "ch14.patchify": "[[[0.0, 1.0, 4.0, 5.0], [2.0, 3.0, 6.0, 7.0], [8.0, 9.0, 12.0, 13.0], [10.0, 11.0, 14.0, 15.0]]]",
 }
 
 

@@ -82,6 +82,8 @@ MISTAKES: dict[tuple[str, str], list[float]] = {
     ("11", "MHA cache / MLA cache, 32 heads"): [2 * 32 / 4, 32 / 4.5, 2 * 32 / 5, 2 * 32 * 4.5],
     # bits; KL(p||q) = ln 4; the two KLs not halved; the ceiling ln 2
     ("13", "JSD (nats)"): [0.5490, math.log(4), 0.7610, math.log(2)],
+    # no class token; per side; pixels per patch; a patch of 14 pixels
+    ("14", "tokens of a 224 x 224 image"): [196, 14, 256, (224 // 14) ** 2 + 1],
 }
 
 

@@ -1,0 +1,103 @@
+"""What a Vision Transformer's heads do, and where a captioner's words look; each a small function on weights.
+
+- :func:`mean_attention_distance`: the attention-weighted distance in pixels between a query patch and the
+  patches it reads, per layer and head (Dosovitskiy et al., 2021, Figure 7 right);
+- :func:`attention_rollout`: attention multiplied through the layers with the residual path counted as half of
+  each layer (Abnar & Zuidema, 2020);
+- :func:`position_similarity`: cosine similarity between position embeddings (Figure 7 left);
+- :func:`word_region_accuracy`: the share of words whose strongest cross-attention falls on the region they name.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import torch
+
+__all__ = ["attention_rollout", "mean_attention_distance", "patch_distances", "position_similarity",
+           "word_region_accuracy"]
+
+
+def patch_distances(grid: Tuple[int, int], patch_size: int) -> torch.Tensor:
+    """Euclidean distance in pixels between patch centres: (N, N), patches in reading order."""
+    gh, gw = grid
+    r, c = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
+                          indexing="ij")
+    centres = torch.stack([r.flatten(), c.flatten()], dim=-1) * patch_size  # (N, 2)
+    return torch.cdist(centres, centres)  # (N, N)
+
+
+def mean_attention_distance(weights: torch.Tensor, grid: Tuple[int, int], patch_size: int,
+                            has_cls_token: bool) -> torch.Tensor:
+    """Mean attention distance per head, in pixels.
+
+    Args:
+        weights: (B, H, T, T) attention weights of one layer; T = N patches (+ 1 class token first).
+        grid: (rows, columns) of patches.
+        patch_size: pixels per patch side.
+        has_cls_token: drop the class token's row and column; each patch row is then renormalised over the
+            patches, so the distance is the mean over where the query reads *in the image*.
+
+    Returns:
+        (H,) float64: for each head, the weighted distance sum_k w_qk * d(q, k), averaged over queries and images.
+    """
+    if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"weights must be (B, H, T, T), got {tuple(weights.shape)}")
+    w = weights.to(torch.float64)
+    if has_cls_token:
+        w = w[..., 1:, 1:]  # (B, H, T, T) -> (B, H, N, N)
+        w = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
+    N = grid[0] * grid[1]
+    if w.shape[-1] != N:
+        raise ValueError(f"weights cover {w.shape[-1]} patches, grid {grid} has {N}")
+    d = patch_distances(grid, patch_size)  # (N, N)
+    return (w * d).sum(-1).mean(dim=(0, 2))  # (B, H, N, N) -> (B, H, N) -> (H,)
+
+
+def attention_rollout(attentions: Sequence[torch.Tensor], residual: float = 0.5) -> torch.Tensor:
+    """Attention rollout: how much each output token draws on each input token through all layers.
+
+    Each layer's head-mean weights ``A`` become ``residual * I + (1 - residual) * A`` (the skip connection), rows
+    renormalised, and the layers are multiplied from the first: ``R = A_L ... A_2 A_1``.
+
+    Args:
+        attentions: one (B, H, T, T) tensor per layer, first layer first.
+        residual: weight of the identity (0 gives the plain product of attention maps).
+
+    Returns:
+        (B, T, T) float64; every row sums to one.
+    """
+    if not attentions:
+        raise ValueError("attentions must hold at least one layer")
+    rollout = None
+    for a in attentions:
+        a = a.to(torch.float64).mean(dim=1)  # (B, H, T, T) -> (B, T, T)
+        eye = torch.eye(a.shape[-1], dtype=torch.float64)
+        a = residual * eye + (1 - residual) * a
+        a = a / a.sum(-1, keepdim=True)
+        rollout = a if rollout is None else a @ rollout  # (B, T, T) @ (B, T, T)
+    return rollout
+
+
+def position_similarity(pos: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity between every pair of position embeddings: (N, D) -> (N, N)."""
+    if pos.dim() != 2:
+        raise ValueError(f"pos must be (N, D), got {tuple(pos.shape)}")
+    p = pos.detach().to(torch.float64)
+    p = p / p.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    return p @ p.T  # (N, D) @ (D, N) -> (N, N)
+
+
+def word_region_accuracy(cross: torch.Tensor, patch_region: torch.Tensor, word_region: torch.Tensor) -> float:
+    """Share of words whose strongest cross-attention lands on a patch of the region the word names.
+
+    Args:
+        cross: (B, T, N) cross-attention of each word over the patches (e.g. the head mean).
+        patch_region: (N,) long, the region each patch belongs to.
+        word_region: (B, T) long, the region each word names.
+    """
+    if cross.dim() != 3 or patch_region.shape != cross.shape[-1:] or word_region.shape != cross.shape[:2]:
+        raise ValueError(f"shapes disagree: cross {tuple(cross.shape)}, patch_region {tuple(patch_region.shape)}, "
+                         f"word_region {tuple(word_region.shape)}")
+    hit = patch_region[cross.argmax(-1)] == word_region  # (B, T)
+    return hit.double().mean().item()

@@ -1,0 +1,287 @@
+"""Training the models of chapter 14, the checkpoints it loads, and the ViT-vs-CNN comparison it reports.
+
+Recipes: :data:`VIT_RECIPE` (a ViT on the 8x8 digits, learned positions and a class token),
+:data:`CAPTION_RECIPE` (a captioner on rows of three digits). :func:`cnn_config_matching` sizes the CNN baseline
+to the ViT's parameter count; :func:`run_comparison` trains both at several training-set sizes and seeds (and
+the ViT's position / pooling variants on all the data) and writes ``checkpoints/comparison.json``.
+
+Command line (one CPU thread; writes the checkpoints, their manifest and the comparison)::
+
+    python -m attention_core.vision.train                 # everything (a few minutes)
+    python -m attention_core.vision.train --only vit      # one part: vit, captioner or comparison
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, recipe_entry, record_in_manifest, save_checkpoint
+from attention_core.models.captioner import Captioner, build_captioner
+from attention_core.models.cnn import SmallCNN, cnn_parameters
+from attention_core.models.vit import VisionTransformer, build_vit
+from attention_core.vision.data import WORDS, Digits, load_digits, make_caption_set, subset
+
+__all__ = [
+    "CAPTION_RECIPE",
+    "CHECKPOINT_DIR",
+    "COMPARISON_FILE",
+    "CaptionRecipe",
+    "VIT_RECIPE",
+    "ViTRecipe",
+    "accuracy",
+    "cnn_config_matching",
+    "load_comparison",
+    "load_or_train_captioner",
+    "load_or_train_vit",
+    "main",
+    "run_comparison",
+    "train_captioner",
+    "train_classifier",
+]
+
+PathLike = Union[str, Path]
+#: Folder of the shipped checkpoints, their manifest and the comparison (package data).
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+#: File name of the recorded ViT-vs-CNN comparison inside :data:`CHECKPOINT_DIR`.
+COMPARISON_FILE = "comparison.json"
+
+
+@dataclass(frozen=True)
+class ViTRecipe:
+    """A ViT on the digits: patches of ``patch_size`` pixels, ``num_layers`` pre-LN blocks of width ``d_model``;
+    ``steps`` AdamW steps of ``batch_size`` images drawn (seeded by ``data_seed``) from ``train_size`` training
+    images, learning rate warmed up over ``warmup`` steps then cosine-decayed to zero; no augmentation."""
+
+    name: str = "vit_digits"
+    patch_size: int = 2
+    d_model: int = 32
+    num_layers: int = 3
+    num_heads: int = 4
+    dim_feedforward: int = 64
+    pos: str = "learned"
+    pool: str = "cls"
+    train_size: int = 1437
+    steps: int = 800
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.05
+    seed: int = 0
+    data_seed: int = 0
+
+    def config(self) -> Dict[str, Any]:
+        """The config dict of :func:`~attention_core.models.vit.build_vit`."""
+        return {"image_size": [8, 8], "patch_size": self.patch_size, "in_channels": 1, "num_classes": 10,
+                "d_model": self.d_model, "num_layers": self.num_layers, "num_heads": self.num_heads,
+                "dim_feedforward": self.dim_feedforward, "pos": self.pos, "pool": self.pool, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class CaptionRecipe:
+    """A captioner on ``cells`` digits side by side (patches of ``patch_size``): ``train_images`` generated
+    captions from the training digits, ``steps`` AdamW steps, cosine schedule after ``warmup``."""
+
+    name: str = "captioner_digits"
+    cells: int = 3
+    patch_size: int = 4
+    d_model: int = 64
+    num_heads: int = 4
+    dim_feedforward: int = 128
+    encoder_layers: int = 0
+    decoder_layers: int = 2
+    train_images: int = 8000
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 2e-3
+    warmup: int = 100
+    weight_decay: float = 0.05
+    seed: int = 0
+    data_seed: int = 1
+
+    def config(self) -> Dict[str, Any]:
+        """The config dict of :func:`~attention_core.models.captioner.build_captioner`."""
+        return {"image_size": [8, 8 * self.cells], "patch_size": self.patch_size, "in_channels": 1,
+                "vocab_size": len(WORDS), "max_len": self.cells, "d_model": self.d_model,
+                "num_heads": self.num_heads, "dim_feedforward": self.dim_feedforward,
+                "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers, "seed": self.seed}
+
+
+#: The recipe of the shipped ViT (about three minutes on one CPU thread).
+VIT_RECIPE = ViTRecipe()
+#: The recipe of the shipped captioner (about two minutes on one CPU thread).
+CAPTION_RECIPE = CaptionRecipe()
+
+
+def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
+
+
+def _logits(out: Any) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def _optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=lr)
+
+
+def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, batch_size: int, lr: float,
+                     warmup: int, weight_decay: float, data_seed: int) -> TrainLog:
+    """Train ``model`` (a ViT or a CNN) on ``x, y`` with AdamW and a cosine schedule; returns the log."""
+    model.train()
+    opt = _optimizer(model, lr, weight_decay)
+    g = torch.Generator().manual_seed(data_seed)
+    log, start = TrainLog(), time.perf_counter()
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, steps, lr, warmup)
+        idx = torch.randint(len(y), (min(batch_size, len(y)),), generator=g)
+        loss = F.cross_entropy(_logits(model(x[idx])), y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        log.losses.append(loss.item())
+    log.seconds = time.perf_counter() - start
+    model.eval()
+    return log
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Share of ``x`` classified as ``y``."""
+    model.eval()
+    return (_logits(model(x)).argmax(-1) == y).double().mean().item()
+
+
+def _train_vit(recipe: ViTRecipe, digits: Digits) -> Tuple[VisionTransformer, TrainLog]:
+    x, y = subset(digits.train_x, digits.train_y, recipe.train_size, recipe.data_seed)
+    model = build_vit(recipe.config())
+    log = train_classifier(model, x, y, recipe.steps, recipe.batch_size, recipe.lr, recipe.warmup,
+                           recipe.weight_decay, recipe.data_seed)
+    return model, log
+
+
+def cnn_config_matching(parameters: int, seed: int = 0) -> Dict[str, Any]:
+    """The SmallCNN config (first conv 16 channels) whose parameter count is closest to ``parameters``."""
+    best = min(range(1, 512), key=lambda c2: abs(cnn_parameters((8, 8), 1, 10, (16, c2)) - parameters))
+    return {"image_size": [8, 8], "in_channels": 1, "num_classes": 10, "channels": [16, best], "seed": seed}
+
+
+def train_captioner(recipe: CaptionRecipe = CAPTION_RECIPE, digits: Optional[Digits] = None
+                    ) -> Tuple[Captioner, TrainLog]:
+    """Build the captioner of ``recipe`` and train it on generated captions (teacher forcing)."""
+    digits = digits or load_digits()
+    data = make_caption_set(digits.train_x, digits.train_y, recipe.train_images, recipe.cells, recipe.data_seed)
+    inputs, targets = data.tokens()
+    model = build_captioner(recipe.config()).train()
+    opt = _optimizer(model, recipe.lr, recipe.weight_decay)
+    g = torch.Generator().manual_seed(recipe.data_seed)
+    log, start = TrainLog(), time.perf_counter()
+    for step in range(recipe.steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, recipe.steps, recipe.lr, recipe.warmup)
+        idx = torch.randint(len(targets), (recipe.batch_size,), generator=g)
+        logits = model(data.images[idx], inputs[idx]).logits  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets[idx].flatten())  # (B*T, V), (B*T,)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        log.losses.append(loss.item())
+    log.seconds = time.perf_counter() - start
+    return model.eval(), log
+
+
+def load_or_train_vit(directory: PathLike = CHECKPOINT_DIR, retrain: bool = False, recipe: ViTRecipe = VIT_RECIPE
+                      ) -> Tuple[VisionTransformer, Dict[str, Any]]:
+    """The chapter's ViT: the shipped checkpoint (sha256 verified), or trained here from ``recipe``."""
+    return load_or_train_recipe(recipe, directory, build_vit, lambda: _train_vit(recipe, load_digits()), retrain,
+                                None, "python -m attention_core.vision.train --only vit")
+
+
+def load_or_train_captioner(directory: PathLike = CHECKPOINT_DIR, retrain: bool = False,
+                            recipe: CaptionRecipe = CAPTION_RECIPE) -> Tuple[Captioner, Dict[str, Any]]:
+    """The chapter's captioner: the shipped checkpoint (sha256 verified), or trained here from ``recipe``."""
+    return load_or_train_recipe(recipe, directory, build_captioner, lambda: train_captioner(recipe), retrain,
+                                None, "python -m attention_core.vision.train --only captioner")
+
+
+def run_comparison(sizes: Sequence[int] = (100, 300, 1437), seeds: Sequence[int] = (0, 1, 2),
+                   recipe: ViTRecipe = VIT_RECIPE, digits: Optional[Digits] = None) -> Dict[str, Any]:
+    """Test accuracy of the ViT of ``recipe`` and of a CNN with as many parameters (within 1%), trained the same
+    way (steps, batch, schedule) on ``size`` training images for each size and seed; plus the ViT's variants
+    (2-D sine-cosine positions, mean pooling) on all the images."""
+    digits = digits or load_digits()
+    vit_params = sum(p.numel() for p in build_vit(recipe.config()).parameters())
+    cnn_cfg = cnn_config_matching(vit_params)
+    rows: List[Dict[str, Any]] = []
+    for size in sizes:
+        for seed in seeds:
+            x, y = subset(digits.train_x, digits.train_y, size, seed)
+            for kind in ("vit", "cnn"):
+                model = (build_vit(replace(recipe, seed=seed).config()) if kind == "vit"
+                         else SmallCNN({**cnn_cfg, "seed": seed}))
+                log = train_classifier(model, x, y, recipe.steps, recipe.batch_size, recipe.lr, recipe.warmup,
+                                       recipe.weight_decay, seed)
+                rows.append({"model": kind, "train_size": size, "seed": seed,
+                             "test_accuracy": round(accuracy(model, digits.test_x, digits.test_y), 4),
+                             "train_seconds": round(log.seconds, 1)})
+    variants = []
+    for pos, pool in (("learned", "cls"), ("sincos", "cls"), ("learned", "mean"), ("sincos", "mean")):
+        r = replace(recipe, pos=pos, pool=pool)
+        model, _ = _train_vit(r, digits)
+        variants.append({"pos": pos, "pool": pool,
+                         "test_accuracy": round(accuracy(model, digits.test_x, digits.test_y), 4)})
+    cnn_params = sum(p.numel() for p in SmallCNN(cnn_cfg).parameters())
+    return {"vit_parameters": vit_params, "cnn_parameters": cnn_params, "cnn_channels": cnn_cfg["channels"],
+            "test_images": len(digits.test_y), "recipe": asdict(recipe), "runs": rows, "variants": variants}
+
+
+def load_comparison(directory: PathLike = CHECKPOINT_DIR) -> Dict[str, Any]:
+    """The comparison the training CLI recorded (``comparison.json``)."""
+    return json.loads((Path(directory) / COMPARISON_FILE).read_text())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m attention_core.vision.train [--only vit|captioner|comparison] [--out DIR]``."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--only", choices=("vit", "captioner", "comparison"), default=None)
+    parser.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    digits = load_digits()
+    out = Path(args.out)
+    if args.only in (None, "vit"):
+        model, log = _train_vit(VIT_RECIPE, digits)
+        sha = save_checkpoint(model, out / f"{VIT_RECIPE.name}.pt")
+        acc = accuracy(model, digits.test_x, digits.test_y)
+        record_in_manifest(out, VIT_RECIPE.name, {**recipe_entry(VIT_RECIPE, model, log, sha, every=100),
+                                                  "test_accuracy": round(acc, 4)})
+        print(f"{VIT_RECIPE.name}: {log.seconds:.0f} s, test accuracy {acc:.4f}", flush=True)
+    if args.only in (None, "captioner"):
+        model, log = train_captioner(CAPTION_RECIPE, digits)
+        sha = save_checkpoint(model, out / f"{CAPTION_RECIPE.name}.pt")
+        record_in_manifest(out, CAPTION_RECIPE.name, recipe_entry(CAPTION_RECIPE, model, log, sha, every=100))
+        print(f"{CAPTION_RECIPE.name}: {log.seconds:.0f} s, final loss {log.losses[-1]:.4f}", flush=True)
+    if args.only in (None, "comparison"):
+        start = time.perf_counter()
+        result = run_comparison(digits=digits)
+        (out / COMPARISON_FILE).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"comparison: {time.perf_counter() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
