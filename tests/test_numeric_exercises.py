@@ -76,6 +76,8 @@ MISTAKES: dict[tuple[str, str], list[float]] = {
     ("10", "entropy (nats)"): [math.log(3), 1.5, -1.0397207708399179, 0.5 * math.log(2) + 0.25 * math.log(4)],
     # d_r lost; K or V only; d_r = E; multiplied
     ("11", "MHA cache / MLA cache, 32 heads"): [2 * 32 / 4, 32 / 4.5, 2 * 32 / 5, 2 * 32 * 4.5],
+    # every draft kept; gamma * alpha; one power short; only the last draft counted
+    ("12", "tokens per step"): [5.0, 4 * 0.8, (1 - 0.8**4) / (1 - 0.8), 1 + 4 * 0.8**4],
 }
 
 

@@ -20,8 +20,8 @@ import torch
 
 from attention_core.language_model import DecoderLM, KVCache
 
-__all__ = ["SpeculativeStats", "expected_tokens_per_step", "next_token_probs", "speculative_generate",
-           "speculative_step"]
+__all__ = ["SpeculativeStats", "expected_tokens_per_step", "next_token_probs", "residual_distribution",
+           "speculative_generate", "speculative_step"]
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -31,6 +31,17 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     if alpha == 1.0:
         return float(gamma + 1)
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where to sample after a rejection: ``max(0, p - q)`` normalised over the last dim, row by row.
+
+    A row where ``p <= q`` everywhere (so ``p == q``: both sum to 1) can never see a rejection; it returns ``p``
+    there rather than 0 / 0. Shapes (..., V) -> (..., V), in ``p``'s dtype.
+    """
+    residual = (p - q).clamp_min(0)
+    mass = residual.sum(-1, keepdim=True)
+    return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)
 
 
 def speculative_step(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
@@ -60,9 +71,7 @@ def speculative_step(target_probs: torch.Tensor, draft_probs: torch.Tensor, draf
     rows = torch.arange(N)
     p_next = target_probs[rows, n_acc]  # (N, V): the distribution at the first rejected (or the extra) slot
     q_next = torch.cat([draft_probs, torch.zeros(N, 1, V, dtype=draft_probs.dtype)], 1)[rows, n_acc]
-    residual = (p_next - q_next).clamp_min(0)  # all drafts kept: q_next = 0, so the residual is p itself
-    mass = residual.sum(1, keepdim=True)
-    residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p_next)
+    residual = residual_distribution(p_next, q_next)  # all drafts kept: q_next = 0, so the residual is p itself
     extra = torch.multinomial(residual, 1, generator=generator)[:, 0]  # (N,)
     pos = torch.arange(G + 1)[None, :]
     tokens = torch.cat([draft_tokens, torch.zeros(N, 1, dtype=torch.long)], 1)
@@ -87,17 +96,20 @@ def _truncate(cache: KVCache, n: int) -> None:
 
 @dataclass
 class SpeculativeStats:
-    """What a speculative run did: tokens out of each step and ``beta = sum min(p, q)`` at each draft position."""
+    """What a speculative run did: tokens out of each step, ``beta = sum min(p, q)`` at each draft position, and
+    at the first draft position of each step (whose context is accepted text only, as in Leviathan et al.'s
+    definition of alpha: the mean of beta over the target's own prefixes)."""
 
     tokens_per_step: List[int] = field(default_factory=list)
     betas: List[float] = field(default_factory=list)
+    first_betas: List[float] = field(default_factory=list)
     target_calls: int = 0
     draft_calls: int = 0
 
     @property
     def alpha(self) -> float:
-        """Mean acceptance probability over the drafted positions."""
-        return sum(self.betas) / max(len(self.betas), 1)
+        """Mean acceptance probability at the first draft position of each step."""
+        return sum(self.first_betas) / max(len(self.first_betas), 1)
 
     @property
     def mean_tokens_per_step(self) -> float:
@@ -144,7 +156,9 @@ def speculative_generate(target: DecoderLM, draft: DecoderLM, prompt: torch.Tens
         p = next_token_probs(target(feed, t_cache).logits[0], temperature)  # (gamma + 1, V)
         stats.target_calls += 1
         qs = torch.stack(d_probs)  # (gamma, V)
-        stats.betas += torch.minimum(p[:gamma], qs).sum(-1).tolist()
+        betas = torch.minimum(p[:gamma], qs).sum(-1).tolist()
+        stats.betas += betas
+        stats.first_betas.append(betas[0])
         tokens, n_out = speculative_step(p[None], qs[None], torch.stack(d_tokens)[None], generator)
         n = int(n_out[0])
         new = tokens[0, :n].tolist()
