@@ -8,8 +8,13 @@ import torch
 
 from attention_core.language_model import build_language_model, generate
 from attention_core.serving.engine import serve
-from attention_core.serving.scheduler import (Request, continuous_batching, kv_memory_usage, random_trace,
-                                              static_batching)
+from attention_core.serving.scheduler import (
+    Request,
+    continuous_batching,
+    kv_memory_usage,
+    random_trace,
+    static_batching,
+)
 
 TRACE = [Request(0, 0, 3, 5), Request(1, 0, 2, 1), Request(2, 1, 4, 2), Request(3, 2, 1, 4)]
 

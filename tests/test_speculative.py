@@ -72,7 +72,7 @@ def test_output_distribution_is_the_targets(gamma: int) -> None:
 
 def test_the_test_rejects_a_wrong_sampler() -> None:
     """The same test on the draft's own law (what 'accept everything' produces) fails by far."""
-    V, K, N = 4, 3, 40_000
+    V, N = 4, 40_000
     target, draft = _markov(V, 0, 1.0), _markov(V, 1, 1.5)
     g = torch.Generator().manual_seed(0)
     a = torch.multinomial(draft[0], N, replacement=True, generator=g)

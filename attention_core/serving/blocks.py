@@ -165,7 +165,7 @@ class PagedKVCache:
                 held.add((table[t // self.block_size], t % self.block_size))
         return len(held)
 
-    def sequence_view(self, seq: int) -> "PagedSequenceCache":
+    def sequence_view(self, seq: int) -> PagedSequenceCache:
         """A cache the chapter-11 model can run on (one sequence, B = 1) that stores into this pool."""
         return PagedSequenceCache(self, seq)
 
