@@ -15,7 +15,7 @@ over a contiguous cache. Two paths in torch:
 - ``"chunked"``: walk the block table one block column at a time with an online softmax (the way the kernel
   reads: one block of keys at a time, never a contiguous copy);
 
-and ``"triton"`` (:mod:`attention_core.backends.triton_paged`), a kernel that follows the block table itself.
+and ``"triton"`` (``attention_core.backends.triton_paged``), a kernel that follows the block table itself.
 """
 
 from __future__ import annotations
@@ -135,8 +135,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         path: ``"gather"``, ``"chunked"`` or ``"triton"`` (see the module docstring).
 
     Returns:
-        (B, Hq, L, Ev): equal (to float rounding) to causal SDPA over each sequence's contiguous cache, the
-        queries aligned to its end.
+        The output, shaped (B, Hq, L, Ev), equal (to float rounding) to causal SDPA over each sequence's
+        contiguous cache with the queries aligned to its end.
     """
     _check(query, key_cache, value_cache, block_table, seq_lens)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)

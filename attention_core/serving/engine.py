@@ -24,7 +24,8 @@ __all__ = ["new_paged_cache", "paged_forward", "serve"]
 
 
 def new_paged_cache(model: DecoderLM, num_blocks: int, block_size: int = 16) -> PagedKVCache:
-    """An empty :class:`PagedKVCache` shaped for ``model``'s layers (keys stored after the rotary rotation)."""
+    """An empty :class:`~attention_core.serving.blocks.PagedKVCache` shaped for ``model``'s layers (keys stored
+    after the rotary rotation)."""
     attn = model.blocks[0].attn
     return PagedKVCache(model.num_layers, num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
 

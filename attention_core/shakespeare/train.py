@@ -92,7 +92,7 @@ class LMRecipe:
 #: The recipe of the shipped checkpoint (about 9 minutes on one CPU thread).
 RECIPE = LMRecipe()
 
-#: The draft model of speculative decoding (chapter 12): one narrow layer, same vocabulary, a few minutes.
+#: The recipe of the draft model of speculative decoding in chapter 12 (one narrow layer, a few minutes).
 DRAFT_RECIPE = LMRecipe(name="shakespeare_draft", d_model=64, num_layers=1, num_heads=4, num_kv_heads=4,
                         dim_feedforward=256, steps=1500)
 
