@@ -150,3 +150,21 @@ def test_real_model_first_token_distribution() -> None:
     tokens, _ = speculative_step(torch.stack([p, p])[None].expand(N, 2, -1), q[None, None].expand(N, 1, -1), d, g)
     counts = torch.bincount(tokens[:, 0], minlength=13)
     assert chi_square_p_value(counts, p) > SIGNIFICANCE
+
+
+def test_draft_checkpoint_is_the_recipes(shipped, tmp_path) -> None:
+    """The shipped draft: one layer, made by DRAFT_RECIPE (manifest entry, sha256 checked on load), < 2 MB; the
+    command line trains that recipe when asked for it."""
+    from dataclasses import asdict
+
+    from attention_core.checkpoint import read_manifest
+    from attention_core.shakespeare.train import CHECKPOINT_DIR, DRAFT_RECIPE, main
+
+    _, draft, _ = shipped
+    entry = read_manifest(CHECKPOINT_DIR)[DRAFT_RECIPE.name]
+    assert entry["recipe"] == asdict(DRAFT_RECIPE) and draft.num_layers == 1
+    assert (CHECKPOINT_DIR / entry["file"]).stat().st_size < 2_000_000
+    main(["--recipe", "draft", "--steps", "3", "--out", str(tmp_path)])
+    made = read_manifest(tmp_path)
+    assert list(made) == [DRAFT_RECIPE.name] and made[DRAFT_RECIPE.name]["recipe"]["steps"] == 3
+    assert made[DRAFT_RECIPE.name]["recipe"]["num_layers"] == 1
