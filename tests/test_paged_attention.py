@@ -145,3 +145,25 @@ def test_contiguous_reference_is_the_library_sdpa() -> None:
     mask = torch.ones(2, S, dtype=torch.bool).tril(S - 2)
     lib = ac.scaled_dot_product_attention(q.double(), ks[0][None].double(), vs[0][None].double(), mask)
     assert (lib - _contiguous(q, ks, vs, lens)).abs().max() <= 1e-12
+
+
+def test_the_model_runs_on_a_paged_sequence_cache() -> None:
+    """DecoderLM with a PagedSequenceCache (prefill, then decode; a fork after the prompt) gives the logits of a
+    full recomputation."""
+    from attention_core.language_model import build_language_model
+
+    model = build_language_model({"vocab_size": 11, "d_model": 32, "num_layers": 2, "num_heads": 4,
+                                  "num_kv_heads": 2, "dim_feedforward": 64, "context": 64, "seed": 1}).eval()
+    attn = model.blocks[0].attn
+    pool = PagedKVCache(2, 16, 4, attn.num_kv_heads, attn.head_dim)
+    pool.add_sequence(0)
+    text = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])
+    with torch.no_grad():
+        model(text[:, :5], pool.sequence_view(0))
+        pool.fork(0, 1)  # both continue the 5-token prompt, differently
+        a = model(text[:, 5:], pool.sequence_view(0)).logits[0, -1]
+        b = model(torch.tensor([[7]]), pool.sequence_view(1)).logits[0, -1]
+        ref_a = model(text).logits[0, -1]
+        ref_b = model(torch.cat([text[:, :5], torch.tensor([[7]])], 1)).logits[0, -1]
+    assert (a - ref_a).abs().max() <= 1e-5 and (b - ref_b).abs().max() <= 1e-5
+    assert pool.lengths == {0: 7, 1: 6} and pool.tables[0][0] == pool.tables[1][0]
