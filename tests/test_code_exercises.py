@@ -41,7 +41,7 @@ NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch0
             "ch04": "04_luong", "ch05": "05_self_attention", "ch06": "06_multi_head_attention",
             "ch07": "07_positional_information", "ch08": "08_transformer", "ch09": "09_attention_at_scale",
             "ch10": "10_pretrained_minilm", "ch11": "11_decoder_only_lm",
-            "ch12": "12_serving"}
+            "ch15": "15_serving"}
 NEG_INF = float("-inf")
 LIBRARY = "is not available while your"  # what a blocked library function says
 
@@ -191,11 +191,11 @@ CH11 = [("float mask", lambda L, S, w: ce._decode(L, S, w).float()),
         ("window None crashes", lambda L, S, w: ce._decode(L, S, w) & (torch.arange(S) > S - 1 - w))]
 CH11_LIBRARY = [lambda L, S, w: lm.cached_causal_mask(L, S, w)]
 
-CH12 = [("float32 result", lambda p, q: ce._residual(p, q).float()),
+CH15 = [("float32 result", lambda p, q: ce._residual(p, q).float()),
         ("renormalised p, no subtraction", lambda p, q: p / p.sum(-1, keepdim=True)),
         ("q where p == q", lambda p, q: torch.where(((p - q).clamp_min(0).sum(-1, keepdim=True)) > 0,
                                                      ce._residual(p, q), q.flip(-1)))]
-CH12_LIBRARY = [lambda p, q: speculative.residual_distribution(p, q)]
+CH15_LIBRARY = [lambda p, q: speculative.residual_distribution(p, q)]
 
 
 def _as_list(x):
@@ -242,7 +242,7 @@ EXTRA = {
     "ch11.decode_mask": (CH11, CH11_LIBRARY + [
         lambda L, S, w: _LIBRARY_IN_A_DICT["cm"](L, S, w),
         lambda L, S, w: (masks.causal_mask(S) if w is None else masks.sliding_window_mask(S, w))[S - L:]]),
-    "ch12.residual": (CH12, CH12_LIBRARY),
+    "ch15.residual": (CH15, CH15_LIBRARY),
 }
 MUTANTS: dict = {}
 for _key in ce.EXERCISES:
@@ -331,7 +331,7 @@ def _ch10_float32(hidden, mask):
     return torch.stack([h[b, mask[b]].sum(0) for b in range(h.shape[0])]) / counts
 
 
-def _ch12_loop(p, q):
+def _ch15_loop(p, q):
     rows = []
     for pr, qr in zip(p.reshape(-1, p.shape[-1]).float(), q.reshape(-1, q.shape[-1]).float()):
         r = torch.relu(pr - qr)
@@ -350,7 +350,7 @@ ALTERNATIVES = {"ch01.boxcar_nw": [_ch01_loop], "ch02.masked_softmax": [_ch02_wh
                 "ch05.causal_attention": [_ch05_einsum], "ch06.causal_multi_head": [_ch06_alt],
                 "ch07.rope": [_ch07_complex], "ch08.causal_attention": [_ch08_float64],
                 "ch09.merge_partials": [_ch09_float32], "ch10.mean_pool": [_ch10_float32],
-                "ch11.decode_mask": [_ch11_triangles], "ch12.residual": [_ch12_loop]}
+                "ch11.decode_mask": [_ch11_triangles], "ch15.residual": [_ch15_loop]}
 
 
 # ------------------------------------------------------------------------------------------ worked solutions
@@ -445,7 +445,7 @@ def decode_mask(L, S, window):
     mask = j <= i
     return mask if window is None else mask & (j > i - window)
 """,
-    "ch12.residual": """
+    "ch15.residual": """
 def residual(p, q):
     r = (p - q).clamp_min(0)
     mass = r.sum(-1, keepdim=True)
@@ -556,7 +556,7 @@ STATEMENT_OUTPUT = {
     "ch09.merge_partials": "([2.5413], 2.0, 1.1353)",
     "ch10.mean_pool": "[[2.0, 3.0]]",
     "ch11.decode_mask": "[[True, True, True, False], [True, True, True, True]]",
-    "ch12.residual": "[0.6667, 0.3333, 0.0]",
+    "ch15.residual": "[0.6667, 0.3333, 0.0]",
 }
 
 

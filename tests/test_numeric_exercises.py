@@ -77,7 +77,7 @@ MISTAKES: dict[tuple[str, str], list[float]] = {
     # d_r lost; K or V only; d_r = E; multiplied
     ("11", "MHA cache / MLA cache, 32 heads"): [2 * 32 / 4, 32 / 4.5, 2 * 32 / 5, 2 * 32 * 4.5],
     # every draft kept; gamma * alpha; one power short; only the last draft counted
-    ("12", "tokens per step"): [5.0, 4 * 0.8, (1 - 0.8**4) / (1 - 0.8), 1 + 4 * 0.8**4],
+    ("15", "tokens per step"): [5.0, 4 * 0.8, (1 - 0.8**4) / (1 - 0.8), 1 + 4 * 0.8**4],
 }
 
 

@@ -695,7 +695,7 @@ def _ch11() -> FunctionSpec:
     )
 
 
-# ---------------------------------------------------------------------------------- ch. 12: residual distribution
+# ---------------------------------------------------------------------------------- ch. 15: residual distribution
 
 
 def _residual_reference(p, q):
@@ -713,7 +713,7 @@ def _residual(p, q, *, normalise=True, reverse=False, guard=True, per_row=True, 
     return torch.where(mass > 0, out, p) if guard else out
 
 
-def _ch12() -> FunctionSpec:
+def _ch15() -> FunctionSpec:
     st = _st()
 
     @st.composite
@@ -772,7 +772,7 @@ _BUILDERS: Dict[str, Callable[[], FunctionSpec]] = {
     "ch09.merge_partials": _ch09,
     "ch10.mean_pool": _ch10,
     "ch11.decode_mask": _ch11,
-    "ch12.residual": _ch12,
+    "ch15.residual": _ch15,
 }
 #: The chapters' code exercises, by name (``"chNN.function"``).
 EXERCISES = tuple(_BUILDERS)
