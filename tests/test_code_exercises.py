@@ -26,7 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import attention_core as ac  # noqa: E402
 from attention_core import explain, masks, pretrained  # noqa: E402
-from attention_core import linear_attention as la
+from attention_core import linear_attention as la  # noqa: E402
 from attention_core.backends.reference import softmax_with_mask  # noqa: E402
 from attention_core.booktools import chapter_exercises as ce  # noqa: E402
 from attention_core.booktools import code_checks, exercises  # noqa: E402
@@ -36,6 +36,7 @@ from attention_core.models import rnn_attention as ra  # noqa: E402
 from attention_core.models import vit  # noqa: E402
 from attention_core.models.rnn_attention import AdditiveAttention, local_attention_weights  # noqa: E402
 from attention_core.positional import apply_rotary  # noqa: E402
+from attention_core.serving import speculative  # noqa: E402
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
 NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch03": "03_bahdanau",
@@ -44,7 +45,8 @@ NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch0
             "ch10": "10_pretrained_minilm", "ch11": "11_decoder_only_lm",
             "ch12": "12_beyond_dense_attention",
             "ch13": "13_attention_as_explanation",
-            "ch14": "14_vision_transformer"}
+            "ch14": "14_vision_transformer",
+            "ch15": "15_serving"}
 NEG_INF = float("-inf")
 LIBRARY = "is not available while your"  # what a blocked library function says
 
@@ -232,6 +234,12 @@ CH14 = [("unfold without the transpose", lambda x, p: F.unfold(x, p, stride=p)),
 def vit_unfold(x, p):
     return F.unfold(x, p, stride=p).transpose(1, 2)  # (B, C*p*p, N) -> (B, N, C*p*p)
 
+CH15 = [("float32 result", lambda p, q: ce._residual(p, q).float()),
+        ("renormalised p, no subtraction", lambda p, q: p / p.sum(-1, keepdim=True)),
+        ("q where p == q", lambda p, q: torch.where(((p - q).clamp_min(0).sum(-1, keepdim=True)) > 0,
+                                                     ce._residual(p, q), q.flip(-1)))]
+CH15_LIBRARY = [lambda p, q: speculative.residual_distribution(p, q)]
+
 
 def _as_list(x):
     return x if isinstance(x, list) else [x]
@@ -281,6 +289,7 @@ EXTRA = {
     "ch12.causal_linear_attention": (CH12, CH12_LIBRARY),
     "ch13.rollout": (CH13, CH13_LIBRARY),
     "ch14.patchify": (CH14, [lambda x, p: vit.patchify(x, p), lambda x, p: _LIBRARY_IN_A_DICT["pf"](x, p)]),
+    "ch15.residual": (CH15, CH15_LIBRARY),
 }
 MUTANTS: dict = {}
 for _key in ce.EXERCISES:
@@ -391,6 +400,12 @@ def _ch14_loops(images, patch_size):
     p = patch_size
     rows = [images[:, :, r:r + p, c:c + p].reshape(B, -1) for r in range(0, H, p) for c in range(0, W, p)]
     return torch.stack(rows, dim=1)
+def _ch15_loop(p, q):
+    rows = []
+    for pr, qr in zip(p.reshape(-1, p.shape[-1]).float(), q.reshape(-1, q.shape[-1]).float()):
+        r = torch.relu(pr - qr)
+        rows.append(r / r.sum() if r.sum() > 0 else pr)
+    return torch.stack(rows).reshape(p.shape).to(p.dtype)
 
 
 def _ch11_triangles(L, S, window):
@@ -414,7 +429,8 @@ ALTERNATIVES = {"ch01.boxcar_nw": [_ch01_loop], "ch02.masked_softmax": [_ch02_wh
                 "ch09.merge_partials": [_ch09_float32], "ch10.mean_pool": [_ch10_float32],
                 "ch11.decode_mask": [_ch11_triangles],
                 "ch12.causal_linear_attention": [_ch12_running_sums], "ch13.rollout": [_ch13_float32_loop],
-                "ch14.patchify": [_ch14_unfold, _ch14_loops]}
+                "ch14.patchify": [_ch14_unfold, _ch14_loops],
+                "ch15.residual": [_ch15_loop]}
 
 
 # ------------------------------------------------------------------------------------------ worked solutions
@@ -531,6 +547,12 @@ def patchify(images, patch_size):
     x = images.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5)
     return x.reshape(B, (H // p) * (W // p), C * p * p)
 """,
+    "ch15.residual": """
+def residual(p, q):
+    r = (p - q).clamp_min(0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 0, r / mass, p)
+""",
 }
 
 
@@ -639,6 +661,7 @@ STATEMENT_OUTPUT = {
     "ch12.causal_linear_attention": "[[2.0], [3.0]]",
     "ch13.rollout": "[[0.75, 0.25], [0.5, 0.5]]",
     "ch14.patchify": "[[[0.0, 1.0, 4.0, 5.0], [2.0, 3.0, 6.0, 7.0], [8.0, 9.0, 12.0, 13.0], [10.0, 11.0, 14.0, 15.0]]]",
+    "ch15.residual": "[0.6667, 0.3333, 0.0]",
 }
 
 

@@ -84,6 +84,8 @@ MISTAKES: dict[tuple[str, str], list[float]] = {
     ("13", "JSD (nats)"): [0.5490, math.log(4), 0.7610, math.log(2)],
     # no class token; per side; pixels per patch; a patch of 14 pixels
     ("14", "tokens of a 224 x 224 image"): [196, 14, 256, (224 // 14) ** 2 + 1],
+    # every draft kept; gamma * alpha; one power short; only the last draft counted
+    ("15", "tokens per step"): [5.0, 4 * 0.8, (1 - 0.8**4) / (1 - 0.8), 1 + 4 * 0.8**4],
 }
 
 

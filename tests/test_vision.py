@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from attention_core.training.checkpoint import file_sha256, read_manifest
 
 from attention_core.models.captioner import Captioner, greedy_caption
 from attention_core.models.cnn import SmallCNN, cnn_parameters
 from attention_core.models.vit import PatchEmbedding, VisionTransformer, patchify, sincos_2d_positions, unpatchify
 from attention_core.multihead import MultiHeadAttention
+from attention_core.training.checkpoint import file_sha256, read_manifest
 from attention_core.vision.analysis import (
     attention_rollout,
     mean_attention_distance,

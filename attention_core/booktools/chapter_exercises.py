@@ -851,6 +851,69 @@ def _ch14() -> FunctionSpec:
     )
 
 
+# ---------------------------------------------------------------------------------- ch. 15: residual distribution
+
+
+def _residual_reference(p, q):
+    from attention_core.serving.speculative import residual_distribution
+
+    return residual_distribution(p, q)
+
+
+def _residual(p, q, *, normalise=True, reverse=False, guard=True, per_row=True, op="sub"):
+    r = (q - p if reverse else p - q).clamp_min(0) if op == "sub" else torch.maximum(p, q)
+    if not normalise:
+        return r
+    mass = r.sum(-1, keepdim=True) if per_row else r.sum()
+    out = r / mass
+    return torch.where(mass > 0, out, p) if guard else out
+
+
+def _ch15() -> FunctionSpec:
+    st = _st()
+
+    @st.composite
+    def pairs(draw):
+        B, V = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+        p = _values(draw, (B, V), 0.01, 1.0, torch.float64)
+        p = p / p.sum(-1, keepdim=True)
+        if draw(st.booleans()):
+            q = p.clone()  # the draft agrees everywhere on some rows: no rejection possible there
+            if B > 1:
+                other = _values(draw, (B - 1, V), 0.01, 1.0, torch.float64)
+                q[1:] = other / other.sum(-1, keepdim=True)
+        else:
+            q = _values(draw, (B, V), 0.01, 1.0, torch.float64)
+            q = q / q.sum(-1, keepdim=True)
+        return p, q
+
+    f64 = torch.float64
+    return FunctionSpec(
+        "residual", _residual_reference, pairs(), atol=1e-6, rtol=1e-5, max_examples=60, arg_names=("p", "q"),
+        examples=(
+            (T([0.4, 0.4, 0.2], dtype=f64), T([0.2, 0.3, 0.5], dtype=f64)),  # the statement's
+            (T([[0.5, 0.5], [0.9, 0.1]], dtype=f64), T([[0.5, 0.5], [0.1, 0.9]], dtype=f64)),  # p == q in a row
+            (T([1.0], dtype=f64), T([1.0], dtype=f64)),  # one token
+            (T([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]], dtype=f64), T([[0.1, 0.2, 0.7], [0.3, 0.3, 0.4]], dtype=f64)),
+        ),
+        dtype=("p's dtype", lambda p, q: p.dtype),
+        unavailable=("attention_core.serving.speculative.residual_distribution",),
+        task="to write the residual distribution yourself",
+        mistakes=(
+            Mistake("a distribution: divide max(0, p - q) by its sum so that it adds up to 1.",
+                    lambda p, q: _residual(p, q, normalise=False)),
+            Mistake("the residual is where the target wants more than the draft gave: max(0, p - q), not q - p.",
+                    lambda p, q: _residual(p, q, reverse=True)),
+            Mistake("where p == q the residual sums to 0: return p there, not 0 / 0.",
+                    lambda p, q: _residual(p, q, guard=False)),
+            Mistake("normalise each row (the last dim) on its own, not all rows together.",
+                    lambda p, q: _residual(p, q, per_row=False)),
+            Mistake("the residual is the part of p that q does not cover: p - q clipped at 0, not max(p, q).",
+                    lambda p, q: _residual(p, q, op="max")),
+        ),
+    )
+
+
 # ------------------------------------------------------------------------------------------------------ index
 
 _BUILDERS: Dict[str, Callable[[], FunctionSpec]] = {
@@ -868,6 +931,7 @@ _BUILDERS: Dict[str, Callable[[], FunctionSpec]] = {
     "ch12.causal_linear_attention": _ch12,
     "ch13.rollout": _ch13,
     "ch14.patchify": _ch14,
+    "ch15.residual": _ch15,
 }
 #: The chapters' code exercises, by name (``"chNN.function"``).
 EXERCISES = tuple(_BUILDERS)

@@ -16,13 +16,13 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import nn
 
-from attention_core.models.vit import PatchEmbedding, sincos_2d_positions
 from attention_core.models.transformer import (
     TransformerDecoder,
     TransformerDecoderLayer,
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from attention_core.models.vit import PatchEmbedding, sincos_2d_positions
 
 __all__ = ["Captioner", "CaptionerOutput", "build_captioner", "greedy_caption"]
 

@@ -4,9 +4,9 @@ The image is cut into non-overlapping ``p x p`` patches (:func:`patchify`), each
 ``d_model`` by one linear layer (:class:`PatchEmbedding`, the same function as a convolution with kernel and
 stride ``p``), a position embedding is added (learned, or the fixed 2-D sine-cosine table of
 :func:`sincos_2d_positions`), and the sequence goes through the library's
-:class:`~attention_core.models.transformer.TransformerEncoder` (pre-LN, :class:`~attention_core.multihead.MultiHeadAttention`
-inside). The image is summarised by a class token prepended to the patches (``pool="cls"``, as in the paper) or
-by the mean of the patch states (``pool="mean"``).
+:class:`~attention_core.models.transformer.TransformerEncoder` (pre-LN,
+:class:`~attention_core.multihead.MultiHeadAttention` inside). The image is summarised by a class token
+prepended to the patches (``pool="cls"``, as in the paper) or by the mean of the patch states (``pool="mean"``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import nn
 
-from attention_core.positional import sinusoidal_encoding
 from attention_core.models.transformer import TransformerEncoder, TransformerEncoderLayer
+from attention_core.positional import sinusoidal_encoding
 
 __all__ = [
     "PatchEmbedding",

@@ -10,6 +10,7 @@ Command line (trains on one CPU thread and writes the checkpoint)::
 
     python -m attention_core.shakespeare.train            # the shipped recipe
     python -m attention_core.shakespeare.train --steps 50 --out /tmp/ckpt   # a quick try elsewhere
+    python -m attention_core.shakespeare.train --recipe draft   # the one-layer draft of chapter 12
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from attention_core.training.schedules import cosine_lr
 
 __all__ = [
     "CHECKPOINT_DIR",
+    "DRAFT_RECIPE",
     "RECIPE",
+    "RECIPES",
     "LMRecipe",
     "evaluate_loss",
     "load_or_train_language_model",
@@ -94,6 +97,13 @@ class LMRecipe:
 
 #: The recipe of the shipped checkpoint (about 9 minutes on one CPU thread).
 RECIPE = LMRecipe()
+
+#: The recipe of the draft model of speculative decoding in chapter 12 (one narrow layer, a few minutes).
+DRAFT_RECIPE = LMRecipe(name="shakespeare_draft", d_model=64, num_layers=1, num_heads=4, num_kv_heads=4,
+                        dim_feedforward=256, steps=1500)
+
+#: The recipes the command line knows, by ``--recipe`` name.
+RECIPES: Dict[str, LMRecipe] = {"main": RECIPE, "draft": DRAFT_RECIPE}
 
 
 def _lr_at(step: int, recipe: LMRecipe) -> float:
@@ -185,13 +195,15 @@ def load_or_train_language_model(directory: PathLike = CHECKPOINT_DIR, retrain: 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m attention_core.shakespeare.train [--steps N] [--out DIR]``: train and save the checkpoint."""
+    """``python -m attention_core.shakespeare.train [--recipe main|draft] [--steps N] [--out DIR]``: train, save."""
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--steps", type=int, default=RECIPE.steps, help="optimiser steps (default: the recipe's)")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="main", help="which recipe (default: main)")
+    parser.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the recipe's)")
     parser.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    recipe = replace(RECIPE, steps=args.steps)
+    base = RECIPES[args.recipe]
+    recipe = replace(base, steps=base.steps if args.steps is None else args.steps)
     corpus = load_corpus()
     cpu_start = time.process_time()
     model, log = train_language_model(recipe, corpus)

@@ -25,10 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, recipe_entry, record_in_manifest, save_checkpoint
 from attention_core.models.captioner import Captioner, build_captioner
 from attention_core.models.cnn import SmallCNN, cnn_parameters
 from attention_core.models.vit import VisionTransformer, build_vit
+from attention_core.training.checkpoint import (
+    TrainLog,
+    load_or_train_recipe,
+    recipe_entry,
+    record_in_manifest,
+    save_checkpoint,
+)
 from attention_core.vision.data import WORDS, Digits, load_digits, make_caption_set, subset
 
 __all__ = [

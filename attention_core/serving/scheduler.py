@@ -1,0 +1,162 @@
+"""Static and continuous batching of a request trace, counted in model steps, and KV-memory accounting.
+
+The step model: in one model step the engine runs the prompt of every request it admits in that step (prefill,
+which also yields the request's first output token) together with one decode token for every request already
+running. A request with ``output_len`` tokens to write is therefore busy for ``output_len`` steps.
+
+- :func:`static_batching`: requests are taken in arrival order in groups of ``max_batch``; a group starts when
+  its last member has arrived and the previous group is done, and it runs until its longest member finishes
+  (finished rows idle; every member leaves when the group does).
+- :func:`continuous_batching` (Orca's iteration-level scheduling, Yu et al., 2022): at every step, finished
+  requests leave and waiting ones join, up to ``max_batch`` running.
+
+Counts of steps do not depend on the machine, which is why the chapter compares the two this way first.
+:func:`kv_memory_usage` replays a schedule and measures, at every step, the share of reserved KV slots that
+hold a token under four reservation policies (the comparison of Kwon et al., 2023, Fig. 2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+__all__ = ["Request", "ScheduleResult", "continuous_batching", "kv_memory_usage", "random_trace",
+           "static_batching"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request: id, the step it arrives at, its prompt length and the number of tokens it will write (>= 1)."""
+
+    rid: int
+    arrival: int
+    prompt_len: int
+    output_len: int
+
+
+@dataclass
+class ScheduleResult:
+    """What a schedule did: per request its first step and the step after its last token; and per step the
+    running requests (id -> tokens it has written by the end of that step)."""
+
+    start: Dict[int, int] = field(default_factory=dict)
+    finish: Dict[int, int] = field(default_factory=dict)
+    running: List[Dict[int, int]] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        """Steps from the first step to the last one (the makespan)."""
+        return max(self.finish.values(), default=0)
+
+    def mean_latency(self, requests: Sequence[Request]) -> float:
+        """Mean of ``finish - arrival`` in steps."""
+        return sum(self.finish[r.rid] - r.arrival for r in requests) / max(len(requests), 1)
+
+    def throughput(self, requests: Sequence[Request]) -> float:
+        """Output tokens per step."""
+        return sum(r.output_len for r in requests) / max(self.steps, 1)
+
+
+def _check(requests: Sequence[Request], max_batch: int) -> None:
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+    for r in requests:
+        if r.output_len < 1 or r.prompt_len < 1 or r.arrival < 0:
+            raise ValueError(f"requests need prompt_len >= 1, output_len >= 1, arrival >= 0; got {r}")
+
+
+def static_batching(requests: Sequence[Request], max_batch: int) -> ScheduleResult:
+    """Groups of ``max_batch`` in arrival order, each run to its longest member's end (see the module doc)."""
+    _check(requests, max_batch)
+    order = sorted(requests, key=lambda r: (r.arrival, r.rid))
+    res, clock = ScheduleResult(), 0
+    for g in range(0, len(order), max_batch):
+        group = order[g : g + max_batch]
+        begin = max(clock, max(r.arrival for r in group))
+        length = max(r.output_len for r in group)
+        while len(res.running) < begin + length:
+            res.running.append({})
+        for r in group:
+            res.start[r.rid] = begin
+            res.finish[r.rid] = begin + length  # results come back when the whole group is done
+            for s in range(length):
+                res.running[begin + s][r.rid] = min(s + 1, r.output_len)
+        clock = begin + length
+    return res
+
+
+def continuous_batching(requests: Sequence[Request], max_batch: int,
+                        max_tokens: Optional[int] = None) -> ScheduleResult:
+    """Admit and retire at every step, at most ``max_batch`` running (and, if given, at most ``max_tokens``
+    prompt + written tokens held at once, a KV-memory budget checked at admission for the request's full length).
+    """
+    _check(requests, max_batch)
+    waiting = sorted(requests, key=lambda r: (r.arrival, r.rid))
+    written: Dict[int, int] = {}
+    by_id = {r.rid: r for r in requests}
+    res, step = ScheduleResult(), 0
+    while waiting or written:
+        budget = sum(by_id[i].prompt_len + by_id[i].output_len for i in written)
+        while waiting and waiting[0].arrival <= step and len(written) < max_batch:
+            r = waiting[0]
+            if max_tokens is not None and written and budget + r.prompt_len + r.output_len > max_tokens:
+                break
+            waiting.pop(0)
+            written[r.rid] = 0
+            res.start[r.rid] = step
+            budget += r.prompt_len + r.output_len
+        for i in written:
+            written[i] += 1
+        res.running.append(dict(written))
+        step += 1
+        for i in [i for i, n in written.items() if n == by_id[i].output_len]:
+            res.finish[i] = step
+            del written[i]
+    return res
+
+
+def random_trace(n: int, seed: int = 0, arrival_rate: float = 1.0, prompt_mean: float = 64.0,
+                 output_mean: float = 64.0, sigma: float = 1.0, max_len: int = 2048) -> List[Request]:
+    """``n`` requests with Poisson arrivals (``arrival_rate`` per step) and skewed (log-normal) prompt and output
+    lengths of the given means, each total clipped to ``max_len``."""
+    g = torch.Generator().manual_seed(seed)
+    gaps = -torch.log(torch.rand(n, generator=g, dtype=torch.float64)) / arrival_rate
+    arrivals = torch.cumsum(gaps, 0).floor().long().tolist()
+    mu_shift = -0.5 * sigma**2  # log-normal with mean exp(mu + sigma^2 / 2)
+
+    def lengths(mean: float) -> List[int]:
+        z = torch.randn(n, generator=g, dtype=torch.float64)
+        return torch.exp(math.log(mean) + mu_shift + sigma * z).ceil().long().clamp(1, max_len - 1).tolist()
+
+    prompts, outputs = lengths(prompt_mean), lengths(output_mean)
+    return [Request(i, arrivals[i], prompts[i], max(1, min(outputs[i], max_len - prompts[i])))
+            for i in range(n)]
+
+
+def kv_memory_usage(requests: Sequence[Request], schedule: ScheduleResult, max_len: int,
+                    block_size: int = 16) -> Dict[str, float]:
+    """Share of reserved KV slots that hold a token, summed over all steps of ``schedule``, per policy:
+
+    - ``"max"``: every running request reserves ``max_len`` slots (the model's maximum length);
+    - ``"pow2"``: it reserves its final length rounded up to a power of two (a good length guess);
+    - ``"oracle"``: it reserves exactly its final length (prompt + output known in advance);
+    - ``"paged"``: it holds ``block_size``-token blocks for the tokens it has so far (PagedAttention).
+
+    Tokens held by a request at a step: its prompt plus the tokens written by the end of the step.
+    """
+    by_id = {r.rid: r for r in requests}
+    used = 0
+    reserved = {"max": 0, "pow2": 0, "oracle": 0, "paged": 0}
+    for running in schedule.running:
+        for rid, n in running.items():
+            r = by_id[rid]
+            tokens, final = r.prompt_len + n, r.prompt_len + r.output_len
+            used += tokens
+            reserved["max"] += max_len
+            reserved["pow2"] += 1 << (final - 1).bit_length()
+            reserved["oracle"] += final
+            reserved["paged"] += -(-tokens // block_size) * block_size
+    return {k: used / v for k, v in reserved.items()}
