@@ -22,6 +22,7 @@ import hashlib
 import inspect
 import io
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -125,7 +126,8 @@ def main(argv=None) -> None:
 
     todo = jobs(args.quick)
     start = time.perf_counter()
-    with ProcessPoolExecutor(args.jobs) as pool:
+    # fresh interpreters (spawn): a fork of a process that loaded torch and triton can hang in the child
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         rows = list(pool.map(compile_job, todo))
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "triton": triton.__version__,
             "fingerprint": kernel_fingerprint(), "archs": list(ARCHS), "combos": COMBOS, "tiles": TILES,
