@@ -94,7 +94,7 @@ def attention_fn(provider: str, causal: bool) -> Attention:
     if provider == "chunked":
         from attention_core.backends import chunked
 
-        return lambda q, k, v: chunked.attention(q, k, v, None, 0.0, causal, q.shape[-1] ** -0.5, False)
+        return lambda q, k, v: chunked.chunked_attention(q, k, v, None, causal, q.shape[-1] ** -0.5, False)
     if provider == "triton":
         from attention_core.backends import triton_flash
 

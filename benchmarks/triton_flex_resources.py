@@ -3,7 +3,7 @@
 Compiles ``attention_core.backends.triton_flex._flex_fwd`` for real GPU targets without a GPU (Triton's
 ``ASTSource`` -> PTX -> the wheel's ``ptxas -v``; ``cuobjdump -sass`` counts tensor-core instructions), for
 the launches a GPU takes at the launcher's largest tiles (``GPU_TILES``): the heaviest branches (document ids +
-the relative-bias table) for float16 (E = 64 and 128), bfloat16 and float32 (E = 128), the causal + soft-cap
+the relative-bias table) for float16 (E = 64 and 128), bfloat16 (E = 128) and float32 (E = 64), the causal + soft-cap
 branch at float16, E = 128; a round length (4096) and, at float16 E = 128, a ragged one (4001); the launcher's
 own ``num_warps`` rule. (Every branch x dtype x E was too slow to compile on the loaded machine it ran on:
 about a minute per compile.) Writes ``benchmarks/results/triton_flex_resources.json``, with a fingerprint of the kernel
@@ -22,6 +22,7 @@ import hashlib
 import inspect
 import io
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -37,7 +38,9 @@ ARCHS = (80, 90)
 #: (MASK, SCORE) pairs: every mask branch once, every score branch once, the heaviest pairs together.
 COMBOS = [(7, 3), (1, 2)]
 #: The launcher's GPU tiles (triton_flex.GPU_TILES).
-TILES = {"float16": (128, 64), "bfloat16": (128, 64), "float32": (64, 32)}
+TILES = {"float16": (128, 32), "bfloat16": (128, 32), "float32": (32, 32)}
+#: Head dims compiled per dtype (float32 on a GPU takes E <= 64 only).
+HEAD_DIMS = {"float16": (64, 128), "bfloat16": (128,), "float32": (64,)}
 
 
 def kernel_fingerprint() -> str:
@@ -50,12 +53,12 @@ def kernel_fingerprint() -> str:
 
 
 def jobs(quick: bool = False) -> list:
-    """The heaviest pair of branches (document loads + the bias table) at every dtype's GPU tile, E = 128
-    (and E = 64 for float16); the soft-cap branch too at float16, E = 128; the ragged length there as well."""
+    """The heaviest pair of branches (document loads + the bias table) at every dtype's GPU tile and head dims;
+    the soft-cap branch too at float16, E = 128; the ragged length there as well."""
     out = []
     for arch in ARCHS:
         for dtype, (bm, bn) in TILES.items():
-            for E in (64, 128) if dtype == "float16" else (128,):
+            for E in HEAD_DIMS[dtype]:
                 wide = (dtype, E) == ("float16", 128) and not quick
                 for mask, score in COMBOS if wide else COMBOS[:1]:
                     for L in (4096, 4001) if wide and (mask, score) == COMBOS[0] else (4096,):
@@ -125,7 +128,8 @@ def main(argv=None) -> None:
 
     todo = jobs(args.quick)
     start = time.perf_counter()
-    with ProcessPoolExecutor(args.jobs) as pool:
+    # fresh interpreters (spawn): a fork of a process that loaded torch and triton can hang in the child
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         rows = list(pool.map(compile_job, todo))
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "triton": triton.__version__,
             "fingerprint": kernel_fingerprint(), "archs": list(ARCHS), "combos": COMBOS, "tiles": TILES,

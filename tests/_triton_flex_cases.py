@@ -52,6 +52,9 @@ for s in ("alibi", "soft_cap", "relative_position_bias"):
 for m in ("causal", "document_causal", "sinks_window"):  # float16 at (64, 64) and (128, 128), round lengths
     CASES[f"{m}-none-float16-64x64"] = (m, "none", torch.float16, (64, 64), 256, 256)
 CASES["causal-alibi-float16-128x128"] = ("causal", "alibi", torch.float16, (128, 128), 256, 256)
+CASES["document_causal-relative_position_bias-float16-128x32"] = (  # the GPU tiles (GPU_TILES)
+    "document_causal", "relative_position_bias", torch.float16, (128, 32), 200, 200)
+CASES["sinks_window-soft_cap-float32-32x32"] = ("sinks_window", "soft_cap", torch.float32, (32, 32), 200, 200)
 CASES["bottom_right-none-float32-64x32-L<S"] = ("bottom_right", "none", torch.float32, (64, 32), 100, 230)
 CASES["sinks_window-none-float32-per-batch-mask"] = ("sinks_window", "none", torch.float32, (64, 64), 200, 200, 2)
 

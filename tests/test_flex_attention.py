@@ -121,6 +121,20 @@ def test_a_row_that_reads_nothing_is_zeros_with_no_gradient():
         assert out[1].abs().max() == 0 and dq[1].abs().max() == 0 and dk[1].abs().max() == 0
 
 
+def test_dead_rows_inside_a_visited_tile():
+    """Bottom-right causal with L > S: rows 0-39 read nothing, yet share their query tile with rows that do."""
+    bm = create_block_mask(mm.causal_bottom_right(100, 60), None, None, 100, 60, BLOCK_SIZE=64)
+    assert bm.kv_num_blocks[0, 0, 0] > 0  # the first query tile is visited
+    q, k, v = _inputs(torch.float64, L=100, S=60)
+    ref, ref_g = _run("reference", q, k, v, None, bm, [])
+    out, g = _run("chunked", q, k, v, None, bm, [])
+    assert out[:, :, :40].abs().max() == 0 and g[0][:, :, :40].abs().max() == 0
+    assert all(torch.isfinite(x).all() for x in g)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(g, ref_g):
+        torch.testing.assert_close(a, b)
+
+
 def test_gqa_equals_the_reference_and_repeated_heads():
     bm = _block_mask("sinks_and_window")
     q, k, v = _inputs(torch.float64, Hq=6, Hkv=2)

@@ -28,7 +28,9 @@ MODS = {
 def test_triton_flex_matches_the_dense_reference_on_the_gpu(name, dtype, L) -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 4, L, 64, device="cuda", dtype=dtype, generator=g) for _ in range(3))
-    block = create_block_mask(MODS[name](L, L), 2, 4, L, L, device="cuda")
+    from attention_core.backends.triton_flex import GPU_TILES
+
+    block = create_block_mask(MODS[name](L, L), 2, 4, L, L, device="cuda", BLOCK_SIZE=GPU_TILES[dtype])
     got = flex_attention(q, k, v, block_mask=block, backend="triton")
     want = flex_attention(q.double(), k.double(), v.double(), block_mask=block, backend="reference")
     tol = 2e-5 if dtype == torch.float32 else 4e-3

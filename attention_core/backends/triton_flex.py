@@ -30,10 +30,10 @@ Any other mod raises a ``ValueError`` that names it (use ``backend="chunked"``, 
 
 Forward only: a call that needs gradients raises (``chunked`` has the backward). Dtypes float16 and bfloat16
 (float32 accumulation) and float32 (IEEE dots); E = Ev <= 128. Kernel tiles are the block mask's tiles
-(``BLOCK_SIZE``, powers of two >= 16; on a GPU at most :data:`GPU_TILES`, e.g. ``BLOCK_SIZE=(128, 64)`` for
-16-bit inputs). Under ``TRITON_INTERPRET=1`` (set before import) the kernel runs on
-the CPU in NumPy: that is how the tests check it. What it costs on sm_80 / sm_90 (registers, spills) is in
-``benchmarks/results/triton_flex_resources.json`` (``benchmarks/triton_flex_resources.py``).
+(``BLOCK_SIZE``, powers of two >= 16; on a GPU at most :data:`GPU_TILES`, ``BLOCK_SIZE=(128, 32)`` for
+16-bit inputs, ``(32, 32)`` for float32 with E <= 64). Under ``TRITON_INTERPRET=1`` (set before import) the
+kernel runs on the CPU in NumPy: that is how the tests check it. What it costs on sm_80 / sm_90 (registers,
+spills) is in ``benchmarks/results/triton_flex_resources.json`` (``benchmarks/triton_flex_resources.py``).
 
 Layout: jit helpers and kernel -> launcher (recognise the mods, validate, allocate, grid) -> public function.
 """
@@ -232,6 +232,9 @@ def compile_args(query, key, value, score_mod, block_mask, scale):
     if not (_pow2(Bq) and _pow2(Bk)):
         raise ValueError(f"the triton backend needs BLOCK_SIZE of powers of two >= 16, got {(Bq, Bk)}")
     top_m, top_n = GPU_TILES[query.dtype]
+    if not INTERPRET and query.dtype == torch.float32 and E > 64:
+        raise ValueError(f"on a GPU the triton backend takes float32 only with E <= 64 (it spills registers on "
+                         f"sm_90 beyond), got E={E}: use float16 or bfloat16")
     if not INTERPRET and (Bq > top_m or Bk > top_n):
         raise ValueError(f"on a GPU the triton backend takes {query.dtype} tiles up to {(top_m, top_n)} (larger "
                          f"ones spill registers), got BLOCK_SIZE {(Bq, Bk)}: create the block mask with "
@@ -260,12 +263,13 @@ def compile_args(query, key, value, score_mod, block_mask, scale):
 
 #: Largest tiles (BLOCK_M, BLOCK_N) a GPU launch takes, per dtype: the ones the resource report compiled
 #: without spills on sm_80 and sm_90 (the interpreter takes any tile).
-GPU_TILES = {torch.float16: (128, 64), torch.bfloat16: (128, 64), torch.float32: (64, 32)}
+#: (float32 on a GPU also needs E <= 64: at E = 128 every tile tried spilled on sm_90.)
+GPU_TILES = {torch.float16: (128, 32), torch.bfloat16: (128, 32), torch.float32: (32, 32)}
 
 
 def num_warps_for(dtype: torch.dtype, E: int, BLOCK_M: int, BLOCK_N: int) -> int:
-    """Warps per program: 8 for 16-bit tiles with E > 64 (q and the accumulator split over more threads), else 4."""
-    return 8 if dtype != torch.float32 and E > 64 else 4
+    """Warps per program: 8 for 16-bit inputs (q and the accumulator split over more threads), 4 for float32."""
+    return 4 if dtype == torch.float32 else 8
 
 
 # ------------------------------------------------------------------------------------------------ public
