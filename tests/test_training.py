@@ -207,3 +207,17 @@ def test_book_test_numbers_met_in_training() -> None:
 
     seen = seen_in_training(book_test_set(), training.training_pairs("bahdanau"))
     assert seen == [482, 71, 0, 0, 0]
+
+
+def test_one_cosine_schedule_for_every_recipe() -> None:
+    from attention_core.training.schedules import cosine_lr
+
+    lrs = [cosine_lr(i, lr=1.0, steps=10, warmup=2, min_lr_ratio=0.1) for i in range(10)]
+    assert lrs[:2] == [0.5, 1.0] and lrs[2] == 1.0 and abs(lrs[-1] - 0.1) < 1e-12
+    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))  # decays after the warm-up
+    assert [cosine_lr(i, lr=1.0, steps=3, warmup=100) for i in range(3)] == [0.01, 0.02, 0.03]  # a short check run
+    # the translation loop's old formula, no warm-up: cos from lr to min_lr_ratio * lr over steps - 1
+    import math
+    assert cosine_lr(4, lr=2.0, steps=9, min_lr_ratio=0.5) == 2.0 * (0.5 + 0.5 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    with pytest.raises(ValueError, match="warmup >= 0"):
+        cosine_lr(0, lr=1.0, steps=3, warmup=-1)
