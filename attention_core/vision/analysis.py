@@ -39,7 +39,7 @@ def mean_attention_distance(weights: torch.Tensor, grid: Tuple[int, int], patch_
             patches, so the distance is the mean over where the query reads *in the image*.
 
     Returns:
-        (H,) float64: for each head, the weighted distance sum_k w_qk * d(q, k), averaged over queries and images.
+        (H,) float64, for each head the weighted distance sum_k w_qk * d(q, k), averaged over queries and images.
     """
     if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
         raise ValueError(f"weights must be (B, H, T, T), got {tuple(weights.shape)}")
