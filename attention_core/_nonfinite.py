@@ -10,6 +10,8 @@ inputs; this module finds the bad entries, zeroes them, and says which rows to t
     bad rows of q (B, Hq, L), of k and v (B, H, S); pairs the mask or is_causal lets each row read
     poisoned rows = (bad query | reads a bad key, value or mask entry) & reads at least one key
     q, k, v with every non-finite entry set to 0; a float mask's NaN and +inf set to 0 (its -inf kept)
+    (with no mask, no is_causal and no gradient to compute, q, k, v are passed on as they are: see the end of
+    clean_and_poison)
 """
 
 from __future__ import annotations
@@ -115,7 +117,23 @@ def clean_and_poison(
         return torch.zeros(rows.shape, dtype=query.dtype, device=query.device).masked_fill(rows, math.nan)
 
     poison = Poison(weights=nan_rows(poison_w), out=nan_rows(poison_out))
+    if attn_mask is None and not is_causal and S > 0 and not _may_differentiate(query, key, value):
+        # Every row reads every key: a bad key or value row poisons its whole head and a bad query row only its
+        # own row, so the raw inputs leak into no row the policy keeps; only gradients would carry them further.
+        return query, key, value, None, poison
     return clean(query), clean(key), clean(value), attn_mask, poison
+
+
+def _may_differentiate(*tensors: torch.Tensor | None) -> bool:
+    """Could a backward pass run through these tensors? Decided from what is known while tracing (grad mode,
+    ``requires_grad``, a ``torch.func`` wrapper), never from values."""
+    if not torch.is_grad_enabled():
+        return False
+    if any(t is not None and t.requires_grad for t in tensors):
+        return True
+    if torch.compiler.is_compiling():
+        return False  # the traced graph knows requires_grad; a torch.func transform is not looked into here
+    return any(t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def _reads_bad(reads: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
@@ -136,10 +154,17 @@ def _reads_bad(reads: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
 
 
 def _bad_rows(t: torch.Tensor) -> torch.Tensor:
-    """(..., N, D) -> (..., N) bool: the rows holding a NaN or an inf. ``t * 0`` is 0 where ``t`` is finite and
-    NaN elsewhere, and a sum is NaN when a term is: no overflow, and several times faster than
-    ``isfinite(t).all(-1)`` (a bool reduction along a short last dim)."""
-    return (t * 0).sum(-1).isnan()
+    """(..., N, D) -> (..., N) bool: the rows holding a NaN or an inf.
+
+    float32/float64: the row's largest entry is not below inf (``amax`` propagates NaN) or its smallest is not
+    above -inf: two vectorised reductions, nothing allocated, no overflow. float16/bfloat16, whose reductions
+    are slow on the CPU: ``t * 0`` is 0 where ``t`` is finite and NaN elsewhere, and a float32 sum is NaN when a
+    term is. An empty row holds nothing bad."""
+    if t.shape[-1] == 0:
+        return torch.zeros(t.shape[:-1], dtype=torch.bool, device=t.device)
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return (t * 0).sum(-1, dtype=torch.float32).isnan()
+    return ~(t.amax(-1) < math.inf) | ~(t.amin(-1) > -math.inf)
 
 
 def empty_result(shape: tuple[int, ...], *inputs: torch.Tensor) -> torch.Tensor:

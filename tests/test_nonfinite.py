@@ -19,6 +19,15 @@ BACKENDS = ac.available_backends("cpu")
 NAN, INF = float("nan"), float("inf")
 
 
+@pytest.fixture(autouse=True, params=["host check", "tensor ops"])
+def policy_path(request, monkeypatch):
+    """Every test runs twice: as eager CPU calls do (a host-side check, the cleaning only when it fails) and as
+    a GPU, ``torch.compile`` or ``torch.func`` call does (tensor operations only, on every call)."""
+    if request.param == "tensor ops":
+        monkeypatch.setattr("attention_core.functional.check_on_host", lambda *tensors: False)
+    return request.param
+
+
 def qkv(L=4, S=5, E=8, Ev=3, H=2, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(shape, generator=g).to(dtype) for shape in ((1, H, L, E), (1, H, S, E), (1, H, S, Ev)))
