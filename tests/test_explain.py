@@ -50,6 +50,23 @@ def test_rollout_two_layer_toy_by_hand():
     assert torch.allclose(res, T([[0.75, 0.25], [0.5, 0.5]], dtype=torch.float64), atol=0, rtol=0)
 
 
+def test_rollout_residual_weight_is_the_identitys_share():
+    a1, a2 = [[1.0, 0.0], [1.0, 0.0]], [[0.0, 1.0], [0.0, 1.0]]
+    # r = 1/4: A1' = [[1, 0], [.75, .25]], A2' = [[.25, .75], [0, 1]]; A2' A1' = [[.8125, .1875], [.75, .25]]
+    quarter = attention_rollout(_layers(a1, a2), residual=0.25)[0]
+    assert torch.equal(quarter, T([[0.8125, 0.1875], [0.75, 0.25]], dtype=torch.float64))
+    assert torch.equal(attention_rollout(_layers(a1, a2), residual=0.5), attention_rollout(_layers(a1, a2)))
+    assert torch.equal(attention_rollout(_layers(a1, a2), residual=0.0), attention_rollout(_layers(a1, a2), False))
+    with pytest.raises(ValueError, match="residual"):
+        attention_rollout(_layers(a1, a2), residual=1.5)
+
+
+def test_the_vision_wing_uses_this_rollout():
+    from attention_core.vision import analysis
+
+    assert analysis.attention_rollout is attention_rollout
+
+
 def test_rollout_averages_heads_and_keeps_rows_stochastic():
     a = torch.softmax(torch.randn(3, 2, 4, 5, 5, generator=torch.Generator().manual_seed(0)), -1)  # 3 layers
     r = attention_rollout(list(a))

@@ -54,20 +54,27 @@ def _stack(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack(maps).double()  # (n, B, L, L)
 
 
-def residual_attention(attention: torch.Tensor, residual: bool = True) -> torch.Tensor:
-    """``(A + I) / 2`` (rows still sum to 1), or ``A`` unchanged when ``residual`` is False: (..., L, L)."""
-    if not residual:
+def residual_attention(attention: torch.Tensor, residual: Union[bool, float] = True) -> torch.Tensor:
+    """The residual path counted into each map: ``r I + (1 - r) A`` with ``r = residual`` (rows still sum to 1).
+
+    ``True`` is ``r = 1/2``, ``(A + I) / 2`` (Abnar & Zuidema's choice); ``False`` or ``0`` leaves ``A`` unchanged.
+    (..., L, L) in, the same shape out."""
+    r = 0.5 if residual is True else 0.0 if residual is False else float(residual)
+    if not 0.0 <= r <= 1.0:
+        raise ValueError(f"residual must be a bool or a weight in [0, 1], got {residual!r}")
+    if r == 0.0:
         return attention
     eye = torch.eye(attention.shape[-1], dtype=attention.dtype, device=attention.device)
-    return (attention + eye) / 2
+    return r * eye + (1 - r) * attention
 
 
-def attention_rollout(attentions: Sequence[torch.Tensor], residual: bool = True) -> torch.Tensor:
+def attention_rollout(attentions: Sequence[torch.Tensor], residual: Union[bool, float] = True) -> torch.Tensor:
     """Attention rollout: ``A'_n @ ... @ A'_1`` over the layers, in float64.
 
     Args:
         attentions: per layer, (B, H, L, L) or (B, L, L) weights (row = query); heads are averaged.
-        residual: use ``(A + I) / 2`` for each layer (Abnar & Zuidema's choice) or the raw maps.
+        residual: the identity's weight ``r`` in ``A' = r I + (1 - r) A`` (the residual connection); ``True`` is
+            ``1/2``, Abnar & Zuidema's choice, ``False`` the raw maps.
 
     Returns:
         (B, L, L) float64; row ``i`` is position ``i``'s mixture of input tokens after the last layer.

@@ -3,16 +3,18 @@
 - :func:`mean_attention_distance`: the attention-weighted distance in pixels between a query patch and the
   patches it reads, per layer and head (Dosovitskiy et al., 2021, Figure 7 right);
 - :func:`attention_rollout`: attention multiplied through the layers with the residual path counted as half of
-  each layer (Abnar & Zuidema, 2020);
+  each layer (Abnar & Zuidema, 2020); the one of :mod:`attention_core.explain`, named here too;
 - :func:`position_similarity`: cosine similarity between position embeddings (Figure 7 left);
 - :func:`word_region_accuracy`: the share of words whose strongest cross-attention falls on the region they name.
 """
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Tuple
 
 import torch
+
+from attention_core.explain.attribution import attention_rollout
 
 __all__ = ["attention_rollout", "mean_attention_distance", "patch_distances", "position_similarity",
            "word_region_accuracy"]
@@ -52,31 +54,6 @@ def mean_attention_distance(weights: torch.Tensor, grid: Tuple[int, int], patch_
         raise ValueError(f"weights cover {w.shape[-1]} patches, grid {grid} has {N}")
     d = patch_distances(grid, patch_size)  # (N, N)
     return (w * d).sum(-1).mean(dim=(0, 2))  # (B, H, N, N) -> (B, H, N) -> (H,)
-
-
-def attention_rollout(attentions: Sequence[torch.Tensor], residual: float = 0.5) -> torch.Tensor:
-    """Attention rollout: how much each output token draws on each input token through all layers.
-
-    Each layer's head-mean weights ``A`` become ``residual * I + (1 - residual) * A`` (the skip connection), rows
-    renormalised, and the layers are multiplied from the first: ``R = A_L ... A_2 A_1``.
-
-    Args:
-        attentions: one (B, H, T, T) tensor per layer, first layer first.
-        residual: weight of the identity (0 gives the plain product of attention maps).
-
-    Returns:
-        (B, T, T) float64; every row sums to one.
-    """
-    if not attentions:
-        raise ValueError("attentions must hold at least one layer")
-    rollout = None
-    for a in attentions:
-        a = a.to(torch.float64).mean(dim=1)  # (B, H, T, T) -> (B, T, T)
-        eye = torch.eye(a.shape[-1], dtype=torch.float64)
-        a = residual * eye + (1 - residual) * a
-        a = a / a.sum(-1, keepdim=True)
-        rollout = a if rollout is None else a @ rollout  # (B, T, T) @ (B, T, T)
-    return rollout
 
 
 def position_similarity(pos: torch.Tensor) -> torch.Tensor:
