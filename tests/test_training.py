@@ -221,3 +221,18 @@ def test_one_cosine_schedule_for_every_recipe() -> None:
     assert cosine_lr(4, lr=2.0, steps=9, min_lr_ratio=0.5) == 2.0 * (0.5 + 0.5 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     with pytest.raises(ValueError, match="warmup >= 0"):
         cosine_lr(0, lr=1.0, steps=3, warmup=-1)
+
+
+def test_the_shared_recipe_command_line(tmp_path):
+    from attention_core.training.cli import recipes_main
+
+    calls = []
+    recipes = {"b": 1, "a": 2}
+    recipes_main(["--all", "--out", str(tmp_path)], "d", recipes, tmp_path / "x", lambda n, o: calls.append((n, o)))
+    recipes_main(["b"], "d", recipes, tmp_path / "x", lambda n, o: calls.append((n, o)))
+    assert calls == [(["a", "b"], str(tmp_path)), (["b"], str(tmp_path / "x"))]
+    for argv in (["a", "zzz"], []):
+        with pytest.raises(SystemExit) as exit_:
+            recipes_main(argv, "d", recipes, tmp_path, lambda n, o: calls.append((n, o)))
+        assert exit_.value.code == 2
+    assert len(calls) == 2  # nothing trained after a refusal

@@ -13,7 +13,6 @@ Command line (one CPU thread, a few seconds per model)::
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from attention_core.training.checkpoint import (
     record_in_manifest,
     save_checkpoint,
 )
+from attention_core.training.cli import recipes_main
 from attention_core.training.progress import progress
 
 __all__ = ["CHECKPOINT_DIR", "RECIPES", "ClassifierRecipe", "accuracy", "load_or_train", "main", "train_recipe"]
@@ -134,16 +134,7 @@ def train_and_save(names: Sequence[str], directory: PathLike = CHECKPOINT_DIR, s
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m attention_core.sentences.train NAME [NAME ...]`` (or ``--all``): train and save checkpoints."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("names", nargs="*", help=f"recipes to train, from {sorted(RECIPES)}")
-    parser.add_argument("--all", action="store_true", help="train every recipe")
-    parser.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder")
-    args = parser.parse_args(argv)
-    names = sorted(RECIPES) if args.all else args.names
-    unknown = [n for n in names if n not in RECIPES]
-    if unknown or not names:
-        parser.error(f"give recipe names from {sorted(RECIPES)} or --all (got {names})")
-    train_and_save(names, args.out)
+    recipes_main(argv, main.__doc__, RECIPES, CHECKPOINT_DIR, train_and_save)
 
 
 if __name__ == "__main__":

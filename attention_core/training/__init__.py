@@ -2,7 +2,8 @@
 
 - :mod:`~attention_core.training.checkpoint`: save and load a model with its recipe, checksums, manifest;
 - :mod:`~attention_core.training.progress`: one progress bar (tqdm where installed, silent otherwise);
-- :mod:`~attention_core.training.schedules`: the learning-rate schedules of the recipes.
+- :mod:`~attention_core.training.schedules`: the learning-rate schedules of the recipes;
+- :mod:`~attention_core.training.cli`: the `NAME ... | --all [--out DIR]` command line of the recipe trainers.
 
 It imports nothing else from the package, so any room may use it.
 """
