@@ -241,6 +241,57 @@ CH15 = [("float32 result", lambda p, q: ce._residual(p, q).float()),
 CH15_LIBRARY = [lambda p, q: speculative.residual_distribution(p, q)]
 
 
+# --------------------------------------------------------- a student's tries on ch. 12-15 that the checkers accepted
+# Each returned the right values (or the right values on every input the first checkers drew) and is wrong all the
+# same: it overwrites the caller's tensors, answers in another dtype than the statement asks for, or guards the
+# empty residual with a threshold that also swallows a real, small one.
+
+
+def _ch12_elu_in_place(query, key, value):
+    fq, fk = F.elu(query, inplace=True).add_(1), F.elu(key, inplace=True).add_(1)  # the caller's query and key
+    A = (fq @ fk.transpose(-2, -1)) * torch.ones(query.shape[-2], query.shape[-2], dtype=torch.bool).tril()
+    return (A @ value) / A.sum(-1, keepdim=True)
+
+
+def _ch13_residual_in_place(maps):
+    eye = torch.eye(maps.shape[-1], dtype=maps.dtype)
+    out = eye.clone()
+    for a in maps:
+        a += eye  # the caller's maps now hold (A + I) / 2
+        a /= 2
+        out = a @ out
+    return out
+
+
+def _ch14_scratch_images(images, patch_size):
+    out = vit_unfold(images, patch_size).clone()
+    images.zero_()  # the caller's images used as scratch space
+    return out
+
+
+def _ch15_q_in_place(p, q):
+    r = q.neg_().add_(p).clamp_(min=0)  # the caller's q overwritten by the residual
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 0, r / mass, p)
+
+
+def _ch15_threshold(p, q):
+    r = (p - q).clamp_min(0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 1e-3, r / mass.clamp_min(1e-3), p)  # a small real residual taken for none
+
+
+IN_PLACE = [("ch12.causal_linear_attention", _ch12_elu_in_place, "query"),
+            ("ch13.rollout", _ch13_residual_in_place, "maps"),
+            ("ch14.patchify", _ch14_scratch_images, "images"),
+            ("ch15.residual", _ch15_q_in_place, "q")]
+CH12.append(("elu applied in place to query and key", _ch12_elu_in_place))
+CH13.append(("(A + I) / 2 written into maps", _ch13_residual_in_place))
+CH14.append(("images used as scratch space", _ch14_scratch_images))
+CH15 += [("q overwritten in place", _ch15_q_in_place), ("float64 whatever p's dtype", lambda p, q: ce._residual(
+    p.double(), q.double())), ("empty residual taken below mass 1e-3", _ch15_threshold)]
+
+
 def _as_list(x):
     return x if isinstance(x, list) else [x]
 
@@ -681,6 +732,24 @@ def test_library_is_unavailable_while_the_reader_runs_and_restored_after():
     with pytest.raises(ZeroDivisionError), code_checks.unavailable(spec, namespace):  # restored after an error
         namespace["other"](torch.zeros(1) / 0, 0).item() / 0
     assert ac.masked_softmax is before[0] and namespace["masked_softmax"] is before[0]
+
+
+@pytest.mark.parametrize("key,fn,arg", IN_PLACE, ids=[k for k, _, _ in IN_PLACE])
+def test_an_answer_that_changes_its_input_in_place_is_refused(key, fn, arg):
+    """Right values, but the caller's tensor overwritten: refused, and the report names the argument."""
+    report = code_checks.check_function(fn, ce.spec(key))
+    assert report.status == "failed" and f"changed its argument `{arg}` in place" in report.message, report.message
+
+
+def test_in_place_check_sees_nan_and_shape_changes_and_spares_a_view():
+    spec = ce.spec("ch14.patchify")
+    ok = code_checks.check_function(lambda x, p: vit_unfold(x, p), spec)  # no change: accepted
+    assert ok.passed
+    grown = code_checks.check_function(lambda x, p: (lambda out: (x.unsqueeze_(0), out)[1])(vit_unfold(x, p)), spec)
+    assert "changed its argument `images` in place" in grown.message  # a shape changed in place
+    pristine = (torch.tensor([1.0, float("nan")]),)
+    assert code_checks._changed_argument((pristine[0].clone(),), pristine, spec) is None  # NaN equals NaN here
+    assert code_checks._changed_argument((torch.tensor([1.0, 2.0]),), pristine, spec) == "`images`"
 
 
 @pytest.mark.parametrize("key", ce.EXERCISES)

@@ -875,17 +875,22 @@ def _ch15() -> FunctionSpec:
     @st.composite
     def pairs(draw):
         B, V = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+        dtype = draw(st.sampled_from([torch.float64, torch.float32]))  # the answer must come back in p's dtype
         p = _values(draw, (B, V), 0.01, 1.0, torch.float64)
         p = p / p.sum(-1, keepdim=True)
-        if draw(st.booleans()):
-            q = p.clone()  # the draft agrees everywhere on some rows: no rejection possible there
-            if B > 1:
-                other = _values(draw, (B - 1, V), 0.01, 1.0, torch.float64)
-                q[1:] = other / other.sum(-1, keepdim=True)
-        else:
+        kind = draw(st.sampled_from(["equal", "random"] + (["near"] if dtype == torch.float32 else [])))
+        if kind == "random":
             q = _values(draw, (B, V), 0.01, 1.0, torch.float64)
-            q = q / q.sum(-1, keepdim=True)
-        return p, q
+        else:  # the draft agrees on the first row, exactly or nearly (a residual of small mass, not none)
+            q = p.clone()
+            if kind == "near" and V > 1:
+                q[0] = q[0] * (1 + 1e-3 * _values(draw, (V,), -1.0, 1.0, torch.float64))
+            if B > 1:
+                q[1:] = _values(draw, (B - 1, V), 0.01, 1.0, torch.float64)
+        q = q / q.sum(-1, keepdim=True)
+        if kind == "equal":
+            q[0] = p[0]  # exactly: renormalising could leave a residual of rounding noise
+        return p.to(dtype), q.to(dtype)
 
     f64 = torch.float64
     return FunctionSpec(
@@ -895,6 +900,7 @@ def _ch15() -> FunctionSpec:
             (T([[0.5, 0.5], [0.9, 0.1]], dtype=f64), T([[0.5, 0.5], [0.1, 0.9]], dtype=f64)),  # p == q in a row
             (T([1.0], dtype=f64), T([1.0], dtype=f64)),  # one token
             (T([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]], dtype=f64), T([[0.1, 0.2, 0.7], [0.3, 0.3, 0.4]], dtype=f64)),
+            (T([[0.5002, 0.4998], [0.25, 0.75]]), T([[0.5, 0.5], [0.5, 0.5]])),  # float32; a residual of mass 2e-4
         ),
         dtype=("p's dtype", lambda p, q: p.dtype),
         unavailable=("attention_core.serving.speculative.residual_distribution",),

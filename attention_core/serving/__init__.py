@@ -1,4 +1,4 @@
-"""Serving attention: the machinery of chapter 12, a wing beside the core (which never imports it).
+"""Serving attention: the machinery of chapter 15, a wing beside the core (which never imports it).
 
 - :mod:`~attention_core.serving.blocks`: a block allocator with reference counts and copy-on-write, and a paged
   KV cache that the chapter-11 model can run on (:class:`~attention_core.serving.blocks.PagedSequenceCache`);

@@ -10,7 +10,7 @@ Command line (trains on one CPU thread and writes the checkpoint)::
 
     python -m attention_core.shakespeare.train            # the shipped recipe
     python -m attention_core.shakespeare.train --steps 50 --out /tmp/ckpt   # a quick try elsewhere
-    python -m attention_core.shakespeare.train --recipe draft   # the one-layer draft of chapter 12
+    python -m attention_core.shakespeare.train --recipe draft   # the one-layer draft of chapter 15
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class LMRecipe:
 #: The recipe of the shipped checkpoint (about 9 minutes on one CPU thread).
 RECIPE = LMRecipe()
 
-#: The recipe of the draft model of speculative decoding in chapter 12 (one narrow layer, a few minutes).
+#: The recipe of the draft model of speculative decoding in chapter 15 (one narrow layer, a few minutes).
 DRAFT_RECIPE = LMRecipe(name="shakespeare_draft", d_model=64, num_layers=1, num_heads=4, num_kv_heads=4,
                         dim_feedforward=256, steps=1500)
 
