@@ -151,7 +151,8 @@ flash_fwd_rowwise(const T* __restrict__ q, const T* __restrict__ k, const T* __r
 // block's tile; its Q strip (matrix_a fragments) and its output O (accumulator fragments, fp32) stay in
 // registers for the whole key loop. Per key tile of BN = 32 keys:
 //   1. all threads stage K and V (BN x D, zero-padded) in shared memory;
-//   2. the warp computes its S strip (16 x BN) = Q_w K^T with WMMA, fp32, and stores it to shared memory;
+//   2. the warp computes its S strip (16 x BN) = Q_w K^T with WMMA, fp32, and stores it to shared memory twice,
+//      side by side (a 16 x 2BN strip whose row r holds S[r, 0..BN) twice over, for step 3);
 //   3. online softmax, two lanes per row: lane (r, h) = (lane % 16, lane / 16) takes 16 of row r's 32 scores;
 //      one __shfl_xor_sync(.., 16) gives the pair its row max, another its row sum. Both lanes keep the row's
 //      running max m and normaliser l in registers. P = 2^(S - m) is rounded to T into shared memory;
@@ -163,11 +164,12 @@ flash_fwd_rowwise(const T* __restrict__ q, const T* __restrict__ k, const T* __r
 //
 // Shared memory (static, < 48 KB at every D): Q, K, V tiles in T with rows padded to D + 8 elements (16 bytes:
 // each row starts 4 banks after the previous one, so WMMA's 8-row loads hit 32 different banks; with rows of
-// D = 64 halves, 128 bytes, every row started in bank 0); S (fp32) and P (T) strips per warp; the 16 x 16 fp32
-// broadcast/staging tile per warp. Bank use of each access is worked out where it happens.
-// WARPS = 4 for D <= 64, 2 for D = 128. Registers at -O3 (benchmarks/results/cuda_resources.md): 96-216 in
-// fp16 on sm_75/sm_80 without spilling; bf16 at D = 128 on sm_80 reaches the 255 limit and spills 8 bytes per
-// thread, fp16 at D = 32 and 64 on sm_90 spills 4 (a handful of local-memory accesses per key tile).
+// D = 64 halves, 128 bytes, every row started in bank 0); S (fp32, doubled) and P (T) strips per warp; the
+// 16 x 16 fp32 broadcast/staging tile per warp. Bank use of each access is worked out where it happens.
+// WARPS = 4 for D <= 64, 2 for D = 128. Registers at -O3 (benchmarks/results/cuda_resources.md): 72-255, no
+// spill on sm_75, sm_80 or sm_90 (bf16 at D = 128 on sm_80 uses all 255). Two details keep it so: the softmax
+// reads S at a lane's base address plus constant offsets (the doubled strip), and masks with one bound per row
+// and tile; with 16 per-lane column addresses instead, ptxas spilled 4-8 bytes per thread in three kernels.
 template <typename T, int D, int WARPS>
 __device__ __forceinline__ void flash_fwd_wmma_body(const T* __restrict__ q, const T* __restrict__ k,
                                                     const T* __restrict__ v, T* __restrict__ o, const Problem& p) {
@@ -180,7 +182,7 @@ __device__ __forceinline__ void flash_fwd_wmma_body(const T* __restrict__ q, con
   __shared__ __align__(32) T q_s[BM * LDT];
   __shared__ __align__(32) T k_s[BN * LDT];
   __shared__ __align__(32) T v_s[BN * LDT];
-  __shared__ __align__(32) float s_s[WARPS][16 * BN];
+  __shared__ __align__(32) float s_s[WARPS][16 * 2 * BN];
   __shared__ __align__(32) T p_s[WARPS][16 * LDP];
   __shared__ __align__(32) float t_s[WARPS][16 * 16];
 
@@ -234,20 +236,23 @@ __device__ __forceinline__ void flash_fwd_wmma_body(const T* __restrict__ q, con
         wmma::load_matrix_sync(k_frag, k_s + nt * 16 * LDT + dt * 16, LDT);
         wmma::mma_sync(s_frag, q_frag[dt], k_frag, s_frag);
       }
-      wmma::store_matrix_sync(s_w + nt * 16, s_frag, BN, wmma::mem_row_major);
+      wmma::store_matrix_sync(s_w + nt * 16, s_frag, 2 * BN, wmma::mem_row_major);
+      wmma::store_matrix_sync(s_w + BN + nt * 16, s_frag, 2 * BN, wmma::mem_row_major);
     }
     __syncwarp();  // the S strip is complete
 
     // 3. Online softmax. Lane (row, half) visits its 16 columns diagonally, c = (row + 16 half + j) % 32: at each
-    //    step the 32 lanes read 32 different banks of S (a row is 32 floats, so bank = c). Reading along the row
-    //    instead (c = 16 half + j), the 16 rows would all hit one bank.
+    //    step the 32 lanes read 32 different banks of S (a doubled row is 64 floats, so bank = c). Reading along
+    //    the row instead (c = 16 half + j), the 16 rows would all hit one bank. In the doubled row, column c sits
+    //    at row + 16 half + j as well as at c, so the lane reads s_row[j]: one base address, constant offsets.
     float sv[16];
     float m_new = m;
+    const float* s_row = s_w + row * 2 * BN + row + 16 * half;
+    const int seen_end = (p.causal ? min(p.S, i + 1) : p.S) - n0;  // row i sees the tile's columns c < seen_end
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const int c = (row + 16 * half + j) % BN, n = n0 + c;
-      const bool seen = n < p.S && (!p.causal || n <= i);
-      sv[j] = seen ? s_w[row * BN + c] * p.scale_log2 : -INFINITY;
+      const int c = (row + 16 * half + j) % BN;
+      sv[j] = c < seen_end ? s_row[j] * p.scale_log2 : -INFINITY;
       m_new = fmaxf(m_new, sv[j]);
     }
     m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 16));  // the other half of the row
