@@ -443,7 +443,8 @@ RESTRUCTURE_BUGS = {
     # the two halves of q . k never added: each thread scores its key with half of the dot product
     "level1-no-pair-sum": ([("s += __shfl_xor_sync(0xffffffffu, s, lane_mask);", "(void)lane_mask;")], 1, "oracle"),
     # each row walks only its own keys again: the lanes of a warp reach the shuffle different numbers of times
-    "level1-divergent-shuffle": ([("(R == 1 ? row_end : n_end) - n0", "row_end - n0")], 1, "divergent"),
+    # (the harness then reports the shuffle or the next __syncthreads stuck, whichever times out first)
+    "level1-divergent-shuffle": ([("(R == 1 ? row_end : n_end) - n0", "row_end - n0")], 1, "divergent|deadlock"),
     # the whole warp walks the block's keys, and no row skips those past its own causal limit
     "level1-no-row-bound": ([("      if (R > 1 && n0 + j >= row_end) continue;\n", "")], 1, "oracle"),
     # S stored once: the softmax's straight walk reads the second copy, which the block never wrote
