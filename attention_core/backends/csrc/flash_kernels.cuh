@@ -73,7 +73,7 @@ template <int D> constexpr int level2_warps() { return D >= 128 ? 2 : 4; }
 // t = R * r + part own query row blockIdx.x * BLOCK_M + r; thread `part` holds the row's elements
 // d = part + R * i, i < D / R, of the (pre-scaled) query and of the output accumulator: two arrays of D / R floats,
 // indexed only by constants (the loops over i are unrolled), so the compiler keeps them in registers. One thread
-// per row (R = 1) does that up to D = 64 (168-188 registers at -O3). At D = 128 one thread would need 2 x 128
+// per row (R = 1) does that up to D = 64 (168-186 registers at -O3). At D = 128 one thread would need 2 x 128
 // floats, more than the 255 registers a thread may have, and nvcc spilled 150-185 bytes per thread to local
 // memory; so there two threads share a row (R = 2), each with 2 x 64 floats, and add their halves of every dot
 // product with one __shfl_xor_sync (benchmarks/results/cuda_resources.md: no kernel spills).
