@@ -435,6 +435,49 @@ def test_oracle_catches_what_only_a_gpu_would_show(which: str) -> None:
     assert err > TOL[torch.float16] or problems, f"{which}: the broken kernel passed (error {err:.2e})"
 
 
+# ------------------------------------------------------------------------ the register-saving restructures
+
+#: Copies of level 1's two threads per row (D = 128) and of level 2's doubled S strip, each wrong in one way:
+#: (replacements, level, what must catch it: "oracle", or a pattern of the harness's error).
+RESTRUCTURE_BUGS = {
+    # the two halves of q . k never added: each thread scores its key with half of the dot product
+    "level1-no-pair-sum": ([("s += __shfl_xor_sync(0xffffffffu, s, lane_mask);", "(void)lane_mask;")], 1, "oracle"),
+    # each row walks only its own keys again: the lanes of a warp reach the shuffle different numbers of times
+    # (the harness then reports the shuffle or the next __syncthreads stuck, whichever times out first)
+    "level1-divergent-shuffle": ([("(R == 1 ? row_end : n_end) - n0", "row_end - n0")], 1, "divergent|deadlock"),
+    # the whole warp walks the block's keys, and no row skips those past its own causal limit
+    "level1-no-row-bound": ([("      if (R > 1 && n0 + j >= row_end) continue;\n", "")], 1, "oracle"),
+    # S stored once: the softmax's straight walk reads the second copy, which the block never wrote
+    "level2-one-copy-of-S": ([("wmma::store_matrix_sync(s_w + BN + nt * 16, s_frag, "
+                               "2 * BN, wmma::mem_row_major);", "")], 2, "oracle"),
+    # the per-tile bound one past the causal limit: row i sees key i + 1
+    "level2-bound-off-by-one": ([("min(p.S, i + 1) : p.S) - n0;", "min(p.S, i + 2) : p.S) - n0;")], 2, "oracle"),
+}
+
+
+@pytest.mark.parametrize("which", list(RESTRUCTURE_BUGS))
+def test_restructured_kernels_mutants_are_caught(which: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each broken copy is caught: by the oracle (NaN-poisoned shared memory included) or by the harness's
+    warp-collective check. E = 128, causal, L = 100 (two query blocks, the second ragged)."""
+    replacements, level, catcher = RESTRUCTURE_BUGS[which]
+    source = cuda_kernels.DEVICE_SOURCE
+    for old, new in replacements:
+        assert source.count(old) == 1, f"the kernel no longer has {old!r}"
+        source = source.replace(old, new)
+    library = cuda_on_cpu.build(sources={"flash_kernels.cuh": source})
+    monkeypatch.setenv("AC_CPU_BARRIER_TIMEOUT", "2")
+    dtype = torch.float32 if level == 1 else torch.float16
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(1, 2, 100, 128, generator=g).to(dtype)
+    k, v = (torch.randn(1, 1, 100, 128, generator=g).to(dtype) for _ in range(2))
+    if catcher == "oracle":
+        err, problems = _run_checked(library, q, k, v, True, level, 128**-0.5)
+        assert err > TOL[dtype] or problems, f"{which}: the broken kernel passed (error {err:.2e})"
+    else:
+        with pytest.raises(RuntimeError, match=catcher):
+            _run_checked(library, q, k, v, True, level, 128**-0.5)
+
+
 def _numpy_oracle(*args) -> torch.Tensor:
     """The float64 NumPy backend on canonical inputs in SDPA order (query, key, value, attn_mask, dropout_p,
     is_causal, scale, enable_gqa)."""

@@ -36,6 +36,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "benchmarks" / "results" / "triton_resources.json"
 PACKAGE_COPY = ROOT / "attention_core" / "backends" / "triton_resources.json"
+#: A slice at L = S = 4000: ragged differently from 4001 (a multiple of 16 and 32, of no tile of 64 or 128).
+L4000 = ROOT / "benchmarks" / "results" / "triton_resources_l4000.json"
 GUARDED = (80, 90)
 #: Dynamic shared memory one block may use (CUDA programming guide): A100 163 KiB, H100 227 KiB.
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
@@ -177,3 +179,22 @@ def test_a_sample_of_the_report_compiles_to_the_same_numbers(report: dict, today
         old = committed[_key(row)]
         assert {k: row[k] for k in MEASURED} == {k: old[k] for k in MEASURED}, (
             f"compiled today: {_describe(row)}\ncommitted:      {_describe(old)}")
+
+
+def test_the_l4000_slice_spills_only_where_the_pruner_withholds(today: dict) -> None:
+    """Triton compiles L = 4000 to other code than 4001 (it knows 4000 is a multiple of 16): the favoured causal
+    forward spills on sm_80 at 4000 and not at 4001. The committed slice (fp16, E = 128, causal, fwd and dq,
+    sm_80 and sm_90, every candidate) must be of today's kernels, and each row that spills must be one the
+    pruner withholds at that launch."""
+    part = json.loads(L4000.read_text())
+    for what in ("kernels_fingerprint", "candidates_fingerprint"):
+        assert part["meta"][what] == today[what], f"{L4000.name} is not of today's kernels: regenerate it"
+    assert not part["not_compiled"] and part["rows"] and {r["L"] for r in part["rows"]} == {4000}
+    problems = []
+    for r in part["rows"]:
+        shape = (r["BLOCK_M"], r["BLOCK_N"], r["num_warps"], r["num_stages"])
+        withheld = bool(r["L"] % r["BLOCK_M"] or r["L"] % r["BLOCK_N"]) and r["arch"] in today["ragged_spills"].get(
+            (*_kind(r), shape), ()) and r["arch"] not in today["unavoidable"].get(_kind(r), ())
+        if r["spill_stores"] + r["spill_loads"] and not withheld:
+            problems.append(_describe(r))
+    assert not problems, "spills at L = 4000 and is not withheld there:\n" + "\n".join(problems)

@@ -15,8 +15,8 @@ Two levels, the same function:
 ===== ====================== ==================== ===========================================================
 level kernel                 dtypes               what it shows
 ===== ====================== ==================== ===========================================================
-1     ``flash_fwd_rowwise``  fp32, fp16, bf16     one thread per query row, K/V tiles in shared memory,
-                                                  online softmax; fp32 math on the CUDA cores
+1     ``flash_fwd_rowwise``  fp32, fp16, bf16     one thread per query row (two at D = 128), K/V tiles in
+                                                  shared memory, online softmax; fp32 math on the CUDA cores
 2     ``flash_fwd_wmma``     fp16 (sm_75+),       S = Q K^T and O += P V on the tensor cores (WMMA 16x16x16,
                              bf16 (sm_80+)        fp32 accumulation); softmax per 16-row strip per warp
 ===== ====================== ==================== ===========================================================

@@ -256,7 +256,7 @@ def run_on_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, i
         value: (B, H, S, E): the same head dim as query, at most 128.
         is_causal: query ``i`` sees keys ``j <= i`` (upper-left aligned, as torch SDPA).
         scale: multiplies the scores; ``1 / sqrt(E)`` by default.
-        level: 1 (one thread per query row, fp32 math) or 2 (WMMA tensor-core tiles, float16/bfloat16);
+        level: 1 (one thread per query row, two at D = 128; fp32 math) or 2 (WMMA tensor-core tiles, float16/bfloat16);
             ``None``: 2 for float16/bfloat16, 1 for float32, as on a GPU.
 
     Returns:

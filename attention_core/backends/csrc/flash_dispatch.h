@@ -27,7 +27,7 @@ int launch_kernel(Launch& launch, const void* q, const void* k, const void* v, v
   if constexpr (LEVEL == 1) {
     constexpr int BM = kLevel1BlockM, BN = kLevel1BlockN;
     const dim3 grid((p.L + BM - 1) / BM, p.B * p.Hq);
-    return launch(flash_fwd_rowwise<T, D, BM, BN>, grid, dim3(BM), qt, kt, vt, ot, p);
+    return launch(flash_fwd_rowwise<T, D, BM, BN>, grid, dim3(BM * level1_lanes_per_row<D>()), qt, kt, vt, ot, p);
   } else {
     constexpr int WARPS = level2_warps<D>();
     const dim3 grid((p.L + 16 * WARPS - 1) / (16 * WARPS), p.B * p.Hq);

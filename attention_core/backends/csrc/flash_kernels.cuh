@@ -5,7 +5,7 @@
 // the CPU harness (flash_cpu.cpp: cuda_on_cpu.h, compiled by g++, one std::thread per CUDA thread). The very
 // same text is compiled both ways; the host side that chooses a kernel and its grid is flash_dispatch.h.
 //
-//   level 1  flash_fwd_rowwise  one thread per query row; K/V tiles staged in shared memory as fp32;
+//   level 1  flash_fwd_rowwise  one thread per query row (two at D = 128); K/V tiles staged in shared memory as fp32;
 //                                online softmax one key at a time. Any dtype (fp32, fp16, bf16), fp32 math.
 //   level 2  flash_fwd_wmma     tensor cores through WMMA (16x16x16 fragments): S = Q K^T and O += P V on the
 //                                matrix units, fp16 or bf16 operands, fp32 accumulation kept in registers; the
@@ -63,72 +63,85 @@ __device__ __forceinline__ void head_offsets(const Problem& p, int bh, size_t* q
 
 // Launch shapes, read by the host launchers (flash_dispatch.h) so that kernel and grid agree.
 constexpr int kLevel1BlockM = 64, kLevel1BlockN = 32;
+// Level 1: threads per query row. One up to D = 64; two at D = 128, each holding half of the row (see below).
+template <int D> constexpr int level1_lanes_per_row() { return D > 64 ? 2 : 1; }
 template <int D> constexpr int level2_warps() { return D >= 128 ? 2 : 4; }
 
 // ------------------------------------------------------------------------------------------------ level 1
 
-// Grid (cdiv(L, BLOCK_M), B * Hq), BLOCK_M threads. Thread t owns query row blockIdx.x * BLOCK_M + t: its
-// (pre-scaled) query and its output accumulator are two arrays of D floats, indexed only by constants (the loops
-// over d are unrolled), so the compiler can keep them in registers. Up to D = 64 it does (168 registers at -O3,
-// no spill: benchmarks/results/cuda_resources.md). At D = 128 they cannot all fit: 2 x 128 floats is more than
-// the 255 registers a thread may have, so nvcc spills about 150-185 bytes per thread to local memory on sm_75,
-// sm_80 and sm_90, in every dtype, and the key loop reloads them from there (the L1 cache, at best). This
-// kernel is the recurrence at its most literal, one row per thread; level 2 is the one built for speed.
+// Grid (cdiv(L, BLOCK_M), B * Hq), BLOCK_M * R threads, R = level1_lanes_per_row<D>(). The R adjacent threads
+// t = R * r + part own query row blockIdx.x * BLOCK_M + r; thread `part` holds the row's elements
+// d = part + R * i, i < D / R, of the (pre-scaled) query and of the output accumulator: two arrays of D / R floats,
+// indexed only by constants (the loops over i are unrolled), so the compiler keeps them in registers. One thread
+// per row (R = 1) does that up to D = 64 (168-186 registers at -O3). At D = 128 one thread would need 2 x 128
+// floats, more than the 255 registers a thread may have, and nvcc spilled 150-185 bytes per thread to local
+// memory; so there two threads share a row (R = 2), each with 2 x 64 floats, and add their halves of every dot
+// product with one __shfl_xor_sync (benchmarks/results/cuda_resources.md: no kernel spills).
 // The block walks over the keys BLOCK_N at a time: all threads copy one K tile and one V tile into shared
-// memory (as fp32), then each thread folds the tile's keys into its row with the online softmax:
+// memory (as fp32), then each row folds the tile's keys in with the online softmax:
 //     m' = max(m, s);  l' = l * 2^(m - m') + 2^(s - m');  acc' = acc * 2^(m - m') + 2^(s - m') * v
-// Every thread of a warp reads the same shared-memory word at the same time (a broadcast: no bank conflict).
+// Shared-memory reads: at each step all the threads of a warp with the same `part` read the same word (a
+// broadcast), and with R = 2 the two parts read adjacent words, in two banks: no bank conflict.
 template <typename T, int D, int BLOCK_M, int BLOCK_N>
-__global__ void __launch_bounds__(BLOCK_M)
+__global__ void __launch_bounds__(BLOCK_M * level1_lanes_per_row<D>())
 flash_fwd_rowwise(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                   Problem p) {
+  constexpr int R = level1_lanes_per_row<D>(), DR = D / R, THREADS = BLOCK_M * R;
+  static_assert(32 % R == 0 && D % R == 0, "the threads of a row must sit in one warp");
   __shared__ float k_tile[BLOCK_N][D];
   __shared__ float v_tile[BLOCK_N][D];
 
   size_t q_off, kv_off;
   head_offsets(p, blockIdx.y, &q_off, &kv_off);
-  const int row = blockIdx.x * BLOCK_M + threadIdx.x;
+  const int row = blockIdx.x * BLOCK_M + threadIdx.x / R, part = threadIdx.x % R;
   const bool active = row < p.L;  // inactive threads still help to load tiles, so no early return
 
-  float qr[D], acc[D];
+  float qr[DR], acc[DR];  // elements d = part + R * i of the row
 #pragma unroll
-  for (int d = 0; d < D; ++d) {
-    qr[d] = (active && d < p.E) ? to_float(q[q_off + (size_t)row * p.E + d]) * p.scale_log2 : 0.f;
-    acc[d] = 0.f;
+  for (int i = 0; i < DR; ++i) {
+    const int d = part + R * i;
+    qr[i] = (active && d < p.E) ? to_float(q[q_off + (size_t)row * p.E + d]) * p.scale_log2 : 0.f;
+    acc[i] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
 
   // Causal: no row of this block sees a key past the block's last row.
   const int n_end = p.causal ? min(p.S, (int)(blockIdx.x + 1) * BLOCK_M) : p.S;
+  const int row_end = !active ? 0 : p.causal ? min(p.S, row + 1) : p.S;  // this row sees keys [0, row_end)
   for (int n0 = 0; n0 < n_end; n0 += BLOCK_N) {
     __syncthreads();  // everyone is done with the previous tile
-    for (int idx = threadIdx.x; idx < BLOCK_N * D; idx += BLOCK_M) {
+    for (int idx = threadIdx.x; idx < BLOCK_N * D; idx += THREADS) {
       const int j = idx / D, d = idx % D, n = n0 + j;
       const bool ok = n < p.S && d < p.E;
       k_tile[j][d] = ok ? to_float(k[kv_off + (size_t)n * p.E + d]) : 0.f;
       v_tile[j][d] = ok ? to_float(v[kv_off + (size_t)n * p.E + d]) : 0.f;
     }
     __syncthreads();
-    if (!active) continue;
-    const int j_end = min(BLOCK_N, (p.causal ? min(p.S, row + 1) : p.S) - n0);  // keys this row sees here
+    // R = 1: each thread walks the keys its row sees. R > 1: the shuffle needs every lane of the warp, so the
+    // whole warp walks the block's keys, and a row folds in only those it sees.
+    const int j_end = min(BLOCK_N, (R == 1 ? row_end : n_end) - n0);
     for (int j = 0; j < j_end; ++j) {
       float s = 0.f;
 #pragma unroll
-      for (int d = 0; d < D; ++d) s += qr[d] * k_tile[j][d];
+      for (int i = 0; i < DR; ++i) s += qr[i] * k_tile[j][part + R * i];
+#pragma unroll
+      for (int lane_mask = R / 2; lane_mask > 0; lane_mask /= 2) s += __shfl_xor_sync(0xffffffffu, s, lane_mask);
+      if (R > 1 && n0 + j >= row_end) continue;
       const float m_new = fmaxf(m, s);
       const float alpha = exp2f(m - m_new);  // 0 on the first key (m = -inf)
       const float pj = exp2f(s - m_new);
       l = l * alpha + pj;
 #pragma unroll
-      for (int d = 0; d < D; ++d) acc[d] = acc[d] * alpha + pj * v_tile[j][d];
+      for (int i = 0; i < DR; ++i) acc[i] = acc[i] * alpha + pj * v_tile[j][part + R * i];
       m = m_new;
     }
   }
   if (!active) return;
   const float inv_l = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
-  for (int d = 0; d < D; ++d) {  // constant indices keep acc[] in registers
-    if (d < p.E) o[q_off + (size_t)row * p.E + d] = from_float<T>(acc[d] * inv_l);
+  for (int i = 0; i < DR; ++i) {  // constant indices keep acc[] in registers
+    const int d = part + R * i;
+    if (d < p.E) o[q_off + (size_t)row * p.E + d] = from_float<T>(acc[i] * inv_l);
   }
 }
 
@@ -138,7 +151,8 @@ flash_fwd_rowwise(const T* __restrict__ q, const T* __restrict__ k, const T* __r
 // block's tile; its Q strip (matrix_a fragments) and its output O (accumulator fragments, fp32) stay in
 // registers for the whole key loop. Per key tile of BN = 32 keys:
 //   1. all threads stage K and V (BN x D, zero-padded) in shared memory;
-//   2. the warp computes its S strip (16 x BN) = Q_w K^T with WMMA, fp32, and stores it to shared memory;
+//   2. the warp computes its S strip (16 x BN) = Q_w K^T with WMMA, fp32, and stores it to shared memory twice,
+//      side by side (a 16 x 2BN strip whose row r holds S[r, 0..BN) twice over, for step 3);
 //   3. online softmax, two lanes per row: lane (r, h) = (lane % 16, lane / 16) takes 16 of row r's 32 scores;
 //      one __shfl_xor_sync(.., 16) gives the pair its row max, another its row sum. Both lanes keep the row's
 //      running max m and normaliser l in registers. P = 2^(S - m) is rounded to T into shared memory;
@@ -150,11 +164,12 @@ flash_fwd_rowwise(const T* __restrict__ q, const T* __restrict__ k, const T* __r
 //
 // Shared memory (static, < 48 KB at every D): Q, K, V tiles in T with rows padded to D + 8 elements (16 bytes:
 // each row starts 4 banks after the previous one, so WMMA's 8-row loads hit 32 different banks; with rows of
-// D = 64 halves, 128 bytes, every row started in bank 0); S (fp32) and P (T) strips per warp; the 16 x 16 fp32
-// broadcast/staging tile per warp. Bank use of each access is worked out where it happens.
-// WARPS = 4 for D <= 64, 2 for D = 128. Registers at -O3 (benchmarks/results/cuda_resources.md): 96-216 in
-// fp16 on sm_75/sm_80 without spilling; bf16 at D = 128 on sm_80 reaches the 255 limit and spills 8 bytes per
-// thread, fp16 at D = 32 and 64 on sm_90 spills 4 (a handful of local-memory accesses per key tile).
+// D = 64 halves, 128 bytes, every row started in bank 0); S (fp32, doubled) and P (T) strips per warp; the
+// 16 x 16 fp32 broadcast/staging tile per warp. Bank use of each access is worked out where it happens.
+// WARPS = 4 for D <= 64, 2 for D = 128. Registers at -O3 (benchmarks/results/cuda_resources.md): 72-255, no
+// spill on sm_75, sm_80 or sm_90 (bf16 at D = 128 on sm_80 uses all 255). Two details keep it so: the softmax
+// reads S at a lane's base address plus constant offsets (the doubled strip), and masks with one bound per row
+// and tile; with 16 per-lane column addresses instead, ptxas spilled 4-8 bytes per thread in three kernels.
 template <typename T, int D, int WARPS>
 __device__ __forceinline__ void flash_fwd_wmma_body(const T* __restrict__ q, const T* __restrict__ k,
                                                     const T* __restrict__ v, T* __restrict__ o, const Problem& p) {
@@ -167,7 +182,7 @@ __device__ __forceinline__ void flash_fwd_wmma_body(const T* __restrict__ q, con
   __shared__ __align__(32) T q_s[BM * LDT];
   __shared__ __align__(32) T k_s[BN * LDT];
   __shared__ __align__(32) T v_s[BN * LDT];
-  __shared__ __align__(32) float s_s[WARPS][16 * BN];
+  __shared__ __align__(32) float s_s[WARPS][16 * 2 * BN];
   __shared__ __align__(32) T p_s[WARPS][16 * LDP];
   __shared__ __align__(32) float t_s[WARPS][16 * 16];
 
@@ -221,20 +236,23 @@ __device__ __forceinline__ void flash_fwd_wmma_body(const T* __restrict__ q, con
         wmma::load_matrix_sync(k_frag, k_s + nt * 16 * LDT + dt * 16, LDT);
         wmma::mma_sync(s_frag, q_frag[dt], k_frag, s_frag);
       }
-      wmma::store_matrix_sync(s_w + nt * 16, s_frag, BN, wmma::mem_row_major);
+      wmma::store_matrix_sync(s_w + nt * 16, s_frag, 2 * BN, wmma::mem_row_major);
+      wmma::store_matrix_sync(s_w + BN + nt * 16, s_frag, 2 * BN, wmma::mem_row_major);
     }
     __syncwarp();  // the S strip is complete
 
     // 3. Online softmax. Lane (row, half) visits its 16 columns diagonally, c = (row + 16 half + j) % 32: at each
-    //    step the 32 lanes read 32 different banks of S (a row is 32 floats, so bank = c). Reading along the row
-    //    instead (c = 16 half + j), the 16 rows would all hit one bank.
+    //    step the 32 lanes read 32 different banks of S (a doubled row is 64 floats, so bank = c). Reading along
+    //    the row instead (c = 16 half + j), the 16 rows would all hit one bank. In the doubled row, column c sits
+    //    at row + 16 half + j as well as at c, so the lane reads s_row[j]: one base address, constant offsets.
     float sv[16];
     float m_new = m;
+    const float* s_row = s_w + row * 2 * BN + row + 16 * half;
+    const int seen_end = (p.causal ? min(p.S, i + 1) : p.S) - n0;  // row i sees the tile's columns c < seen_end
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const int c = (row + 16 * half + j) % BN, n = n0 + c;
-      const bool seen = n < p.S && (!p.causal || n <= i);
-      sv[j] = seen ? s_w[row * BN + c] * p.scale_log2 : -INFINITY;
+      const int c = (row + 16 * half + j) % BN;
+      sv[j] = c < seen_end ? s_row[j] * p.scale_log2 : -INFINITY;
       m_new = fmaxf(m_new, sv[j]);
     }
     m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 16));  // the other half of the row
