@@ -141,8 +141,9 @@ def rotate_at(rotary: RotaryEmbedding, x: torch.Tensor, positions: torch.Tensor)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     else:
         cos, sin = rotary.cos[flat].to(x.dtype), rotary.sin[flat].to(x.dtype)  # (N, E/2)
-    cos = cos.view(*positions.shape, -1)  # (B, L, E/2) or (L, E/2)
-    sin = sin.view(*positions.shape, -1)
+    half = rotary.head_dim // 2
+    cos = cos.reshape(*positions.shape, half)  # (B, L, E/2) or (L, E/2)
+    sin = sin.reshape(*positions.shape, half)
     if positions.dim() == 2:
         cos, sin = cos[:, None], sin[:, None]  # (B, L, E/2) -> (B, 1, L, E/2): every head alike
     return _rotate(x, cos, sin, rotary.interleaved)
