@@ -255,7 +255,19 @@ class MultiHeadLatentAttention(nn.Module):
             query = torch.cat([q_lat, q_rope], dim=-1)  # (B, H, L, d_c + d_r)
             key = torch.cat([latent, rope_key], dim=-1)[:, None]  # (B, S, d_c + d_r) -> (B, 1, S, d_c + d_r)
             value = latent[:, None]  # (B, S, d_c) -> (B, 1, S, d_c): one key/value head for all H query heads
-            out, weights = self._attend(query, key, value, mask, is_causal, need_weights, True, block_mask)
+            if block_mask is not None:
+                out, weights = self._attend(query, key, value, mask, is_causal, need_weights, True, block_mask)
+            else:  # one key/value head: the H heads' queries become H * L rows of one head (as FlashMLA packs them)
+                if is_causal:
+                    mask = torch.ones(L, S, dtype=torch.bool, device=q_in.device).tril(S - L)  # (L, S)
+                if mask is not None and mask.dim() == 2:
+                    mask = mask.repeat(H, 1)  # (L, S) -> (H*L, S): every head's rows alike
+                elif mask is not None:
+                    mask = mask[:, 0].repeat(1, H, 1)[:, None]  # (B, 1, L, S) -> (B, 1, H*L, S)
+                packed = query.reshape(B, 1, H * L, query.shape[-1])  # (B, H, L, d_c + d_r) -> (B, 1, H*L, .)
+                out, weights = self._attend(packed, key, value, mask, False, need_weights, False, None)
+                out = out.view(B, H, L, -1)  # (B, 1, H*L, d_c) -> (B, H, L, d_c)
+                weights = None if weights is None else weights.view(B, H, L, S)
             return torch.einsum("bhlc,dhc->bld", out, w_o), weights  # (B, H, L, d_c) -> (B, L, D)
         q = self.q_up(q_in).view(B, L, H, E).transpose(1, 2)  # (B, L, H*E) -> (B, H, L, E)
         k = self.k_up(latent).view(B, S, H, E).transpose(1, 2)  # (B, S, d_c) -> (B, H, S, E)
