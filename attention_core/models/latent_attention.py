@@ -266,7 +266,7 @@ class MultiHeadLatentAttention(nn.Module):
                     mask = mask[:, 0].repeat(1, H, 1)[:, None]  # (B, 1, L, S) -> (B, 1, H*L, S)
                 packed = query.reshape(B, 1, H * L, query.shape[-1])  # (B, H, L, d_c + d_r) -> (B, 1, H*L, .)
                 out, weights = self._attend(packed, key, value, mask, False, need_weights, False, None)
-                out = out.view(B, H, L, -1)  # (B, 1, H*L, d_c) -> (B, H, L, d_c)
+                out = out.reshape(B, H, L, self.kv_latent_dim)  # (B, 1, H*L, d_c) -> (B, H, L, d_c)
                 weights = None if weights is None else weights.view(B, H, L, S)
             return torch.einsum("bhlc,dhc->bld", out, w_o), weights  # (B, H, L, d_c) -> (B, L, D)
         q = self.q_up(q_in).view(B, L, H, E).transpose(1, 2)  # (B, L, H*E) -> (B, H, L, E)
