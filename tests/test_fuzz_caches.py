@@ -2,6 +2,10 @@
 changes through a small language model (and a latent-attention layer), and after every step checks the cache
 against a recomputation from the tokens that were accepted.
 
+The caches drawn: full, static (preallocated, ``max_len``), rolling window, window + sinks, and a full cache whose
+first call is a left-padded batch; the models: grouped-query attention and multi-head latent attention (whose
+"keys" in the cache are its rotary keys and "values" its latents, decoded in the absorbed form).
+
 A refused call must leave the cache exactly as it was. The refusals drawn: a token id out of the vocabulary, a
 batch of another size, positions past ``max_positions``, and a backend that refuses in a chosen layer (the
 first, or a later one, after earlier layers have already appended their keys and values).
@@ -31,9 +35,16 @@ RUNS = {"fuzz": (30, 10), "slow": (250, 10)}[PROFILE]
 MACHINE = settings(settings.get_profile(PROFILE), max_examples=RUNS[0], stateful_step_count=RUNS[1])
 
 V, MAX_POS, LAYERS = 13, 14, 3
-MODEL = lm.build_language_model(dict(vocab_size=V, d_model=16, num_layers=LAYERS, num_heads=2, num_kv_heads=1,
-                                     max_positions=MAX_POS, seed=0)).eval()
-CACHES = {"full": {}, "window": {"window": 4}, "sinks": {"window": 3, "sinks": 1}}
+MODELS = {
+    "gqa": lm.build_language_model(dict(vocab_size=V, d_model=16, num_layers=LAYERS, num_heads=2, num_kv_heads=1,
+                                        max_positions=MAX_POS, seed=0)).eval(),
+    "latent": lm.build_language_model(dict(vocab_size=V, d_model=16, num_layers=LAYERS, num_heads=2,
+                                           attention="latent", kv_latent_dim=6, rope_dim=4, max_positions=MAX_POS,
+                                           seed=0)).eval(),
+}
+MODEL = MODELS["gqa"]
+CACHES = {"full": {}, "static": {"max_len": MAX_POS}, "window": {"window": 4}, "sinks": {"window": 3, "sinks": 1},
+          "padded": {}}
 STEPS = {"model": 0, "latent": 0}
 
 # A backend that refuses the n-th attention call it is asked about (0: refuses nothing): the refusal then
@@ -73,33 +84,45 @@ def _same_state(a, b) -> bool:
 class KVCacheMachine(RuleBasedStateMachine):
     """One cache and the tokens it accepted; every refused call must leave the cache bit-for-bit as it was."""
 
-    @initialize(kind=st.sampled_from(sorted(CACHES)), batch=st.integers(1, 3))
-    def start(self, kind, batch):
-        self.kind, self.batch = kind, batch
-        self.cache = MODEL.new_cache(**CACHES[kind])
+    @initialize(kind=st.sampled_from(sorted(CACHES)), batch=st.integers(1, 3), model=st.sampled_from(sorted(MODELS)))
+    def start(self, kind, batch, model):
+        self.kind, self.batch, self.model = kind, batch, MODELS[model]
+        event(f"model {model}, cache {kind}")
+        self.cache = self.model.new_cache(**CACHES[kind])
         self.accepted = torch.zeros(batch, 0, dtype=torch.long)
+        self.pad = None  # the left padding of the first call (padded caches)
         self.last = None  # the logits of the last accepted call's last position
 
-    def _feed(self, tokens: torch.Tensor) -> None:
+    def _pad_for(self, n: int, seed: int):
+        """A padded cache's first call: row b has seed-drawn padding, at most n - 1 tokens."""
+        if self.kind != "padded" or self.accepted.shape[1]:
+            return None
+        return torch.tensor([(seed >> (3 * b)) % n for b in range(self.batch)], dtype=torch.long)
+
+    def _feed(self, tokens: torch.Tensor, pad=None) -> None:
         with torch.no_grad():
-            out = MODEL(tokens, self.cache)
+            out = self.model(tokens, self.cache, pad=pad)
+        if pad is not None:
+            self.pad = pad
         self.accepted = torch.cat([self.accepted, tokens], dim=1)
         self.last = out.logits[:, -1]
 
     @rule(seed=st.integers(0, 2**31), n=st.integers(1, 5))
     def prefill_or_decode(self, seed, n):
-        needed = self.accepted.shape[1] + n if self.kind == "full" else len(self.cache) + n
+        needed = self.accepted.shape[1] + n  # full caches: positions in the text
+        if self.kind == "window":  # rotated at positions in the text, computed past the table: never refused
+            needed = 0
         if self.kind == "sinks":
-            needed = min(needed, self.cache.capacity)
+            needed = min(len(self.cache) + n, self.cache.capacity)
         tokens = _tokens(seed, self.batch, n)
-        if needed > MAX_POS:  # past the rotary table: refused, before anything is appended
+        if needed > MAX_POS:  # past the rotary table (or the static cache's slots): refused, nothing appended
             before = _state(self.cache)
-            with pytest.raises(ValueError, match="max_positions"):
-                MODEL(tokens, self.cache)
+            with pytest.raises(ValueError, match="max_positions|max_len"):
+                self.model(tokens, self.cache)
             assert _same_state(before, _state(self.cache))
             event("refused: past max_positions")
             return
-        self._feed(tokens)
+        self._feed(tokens, self._pad_for(n, seed))
         event("prefill" if self.accepted.shape[1] == n else "decode")
 
     @rule(seed=st.integers(0, 2**31), n=st.integers(1, 3),
@@ -120,9 +143,9 @@ class KVCacheMachine(RuleBasedStateMachine):
         else:
             _REFUSE["at"] = 1 if how == "backend, first layer" else 1 + seed % (LAYERS - 1) + 1
         backend = "test_refuses_nth" if how.startswith("backend") else None
-        with pytest.raises(ValueError, match="tokens|refused on purpose|max_positions"):
+        with pytest.raises(ValueError, match="tokens|refused on purpose|max_positions|max_len"):
             with torch.no_grad(), ac.use_backend(backend):
-                MODEL(tokens, self.cache)
+                self.model(tokens, self.cache, pad=self._pad_for(n, seed))
         _REFUSE["at"] = 0
         assert _same_state(before, _state(self.cache)), f"a refused call ({how}) changed the cache"
         event(f"refused: {how}")
@@ -131,21 +154,27 @@ class KVCacheMachine(RuleBasedStateMachine):
     def reset(self, batch):
         self.cache.reset()
         self.batch, self.accepted, self.last = batch, torch.zeros(batch, 0, dtype=torch.long), None
+        self.pad = None
         event("reset" + (", batch changed" if batch != self.accepted.shape[0] else ""))
 
     @invariant()
     def equals_recomputation(self):
         STEPS["model"] += 1
-        fresh = MODEL.new_cache(**CACHES[self.kind])
+        fresh = self.model.new_cache(**CACHES[self.kind])
         n = self.accepted.shape[1]
         assert self.cache.seen == n
         if n == 0:
-            assert all(k is None for k in self.cache.keys)
+            assert len(self.cache) == 0
             return
-        chunk = n if self.kind == "full" else MAX_POS // 2  # a rolling cache's text may outgrow the table
-        with torch.no_grad():
+        chunk = n if self.kind in ("full", "static", "padded") else MAX_POS // 2  # a rolling cache's text may
+        with torch.no_grad():                                                   # outgrow the table
             for t0 in range(0, n, chunk):
-                full = MODEL(self.accepted[:, t0 : t0 + chunk], fresh)
+                full = self.model(self.accepted[:, t0 : t0 + chunk], fresh, pad=self.pad if t0 == 0 else None)
+        if self.pad is not None:  # each row alone, without its padding, computes the same last logits
+            with torch.no_grad():
+                for b in range(self.batch):
+                    alone = self.model(self.accepted[b : b + 1, int(self.pad[b]) :]).logits[0, -1]
+                    torch.testing.assert_close(self.last[b], alone, atol=1e-5, rtol=1e-5)
         assert len(self.cache) == len(fresh) and self.cache.seen == fresh.seen
         for layer in range(LAYERS):
             torch.testing.assert_close(self.cache.keys[layer], fresh.keys[layer], atol=1e-5, rtol=1e-5)

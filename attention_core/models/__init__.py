@@ -3,8 +3,10 @@
 - :mod:`~attention_core.models.rnn_attention`: Bahdanau's additive and Luong's attention over RNN states;
 - :mod:`~attention_core.models.transformer`: encoder and decoder layers and stacks (chapter 8);
 - :mod:`~attention_core.models.bert`: a BERT encoder with pooling heads (chapter 10);
-- :mod:`~attention_core.models.language_model`: the decoder-only language model, its KV cache, windows and
-  sinks (chapter 11);
+- :mod:`~attention_core.models.language_model`: the decoder-only language model (MHA, GQA, MQA or MLA
+  attention), generation, windows and sinks (chapter 11);
+- :mod:`~attention_core.models.kv_cache`: its key/value cache (preallocated, rotated keys, left padding) and
+  the decode masks built from the mask mods;
 - :mod:`~attention_core.models.latent_attention`: DeepSeek-style multi-head latent attention and its cache.
 
 A new model goes here as one module; its data and training recipe go in a task wing

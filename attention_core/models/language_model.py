@@ -11,15 +11,23 @@ Generation runs in two phases with a :class:`KVCache`:
   them to the cache. The logits are those of a full recomputation over the whole text, at a cost per token
   that grows with the length instead of with its square.
 
-The cache stores keys *before* the rotary rotation and rotates them by their slot in the cache when attending
-(as StreamingLLM does, Xiao et al., 2023). With nothing evicted, slot = position in the text, and the result is
-the usual one. A cache built with ``window=W`` keeps only the ``W - 1`` most recent tokens between steps (each
-query sees itself and those: a rolling sliding-window cache of constant size); ``sinks=n`` also keeps the
-first ``n`` tokens forever (attention sinks). Slots, not text positions, keep every offset the model sees
-within the cache's size, however long the text grows.
+The cache (:class:`~attention_core.models.kv_cache.KVCache`) is preallocated per layer and written in place. A full
+or window-only cache stores keys already rotated at their position in the text (rotated once, never again); a
+cache with ``sinks=n`` (StreamingLLM, Xiao et al., 2023) stores keys before the rotation and rotates them by
+their slot at every step, because evicting an old token moves every later one to a new slot. A cache built with
+``window=W`` keeps only the ``W - 1`` most recent tokens between steps (each query sees itself and those).
+Batched generation takes left-padded prompts (``pad``): positions start at each row's first real token and no
+real token reads padding.
 
-The decode step's mask is aligned bottom-right (the last query sees every key), unlike SDPA's ``is_causal``,
-which is aligned upper-left: :func:`cached_causal_mask` builds it explicitly.
+Masks come from :mod:`attention_core.mask_mods` (:func:`~attention_core.models.kv_cache.decode_mask_mod`); the
+decode step's mask is aligned bottom-right (the last query sees every key), unlike SDPA's ``is_causal``.
+A full-sequence call may instead take a ``block_mask``
+(:func:`attention_core.flex_attention.create_block_mask`), run through
+:func:`attention_core.flex_attention.flex_attention`.
+
+The attention of every layer is multi-head (``num_kv_heads = num_heads``), grouped-query, multi-query
+(``num_kv_heads = 1``) or multi-head latent attention (``attention="latent"``, DeepSeek-V2: the cache holds a
+latent and a rotary key per token, and decoding reads it in the absorbed form).
 
 Sampling (:func:`sample_next_token`, :func:`generate`): greedy (``temperature=0``), temperature, top-k and top-p
 (nucleus), drawn with a seeded ``torch.Generator`` so that a generation repeats exactly.
@@ -44,8 +52,10 @@ from attention_core._checks import (
     check_tensor,
     fmt_shape,
 )
+from attention_core.flex_attention import BlockMask, flex_attention
 from attention_core.functional import attention
-from attention_core.masks import sliding_window_mask
+from attention_core.models.kv_cache import KVCache, cached_causal_mask, decode_mask, rotate_at
+from attention_core.models.latent_attention import LatentSelfAttention
 from attention_core.multihead import MultiHeadAttention
 from attention_core.positional import RotaryEmbedding
 
@@ -61,125 +71,40 @@ __all__ = [
     "filter_top_k",
     "filter_top_p",
     "generate",
+    "left_pad",
     "sample_next_token",
 ]
 
 
-# ------------------------------------------------------------------------------------------------ masks
+# ------------------------------------------------------------------------------------------------ plan
 
 
-def cached_causal_mask(
-    L: int, S: int, window: Optional[int] = None, sinks: int = 0, *, device: Optional[torch.device] = None
-) -> torch.Tensor:
-    """Bool (L, S) mask for L new queries attending to S keys whose last L are the queries' own.
+@dataclass
+class _Plan:
+    """What every layer of one call shares: where the new tokens sit and what they may read.
 
-    Aligned bottom-right: query ``i`` sits at key slot ``S - L + i`` and sees keys ``j <= S - L + i``. With
-    ``window``, only the ``window`` most recent of those (itself included) and, with ``sinks``, also the first
-    ``sinks`` keys. For ``L == S`` and no window this is :func:`attention_core.causal_mask`.
-
-    Args:
-        L: number of queries (new tokens), ``L <= S``.
-        S: number of keys (cached + new).
-        window: keys seen per query, itself included; ``None`` = all earlier keys.
-        sinks: number of leading keys every query sees (attention sinks), on top of the window.
-        device: where to allocate.
-
-    Returns:
-        Bool tensor (L, S), True = attend.
-    """
-    L = check_positive_int(L, "L", allow_zero=True)
-    S = check_positive_int(S, "S", allow_zero=True)
-    if L > S:
-        raise ValueError(f"L (queries) must be <= S (keys, which include the queries' own), got L={L}, S={S}")
-    sinks = check_positive_int(sinks, "sinks", allow_zero=True)
-    i = torch.arange(L, device=device)[:, None] + (S - L)  # (L, 1) query slots: the last L
-    j = torch.arange(S, device=device)[None, :]  # (1, S) key slots
-    if window is None:
-        return j <= i
-    window = check_positive_int(window, "window")
-    return (j <= i) & ((j > i - window) | (j < sinks))
-
-
-# ------------------------------------------------------------------------------------------------ cache
-
-
-class KVCache:
-    """The keys and values of every layer for the tokens generated so far (batch-first per layer).
-
-    Per layer it holds ``keys`` (B, H_kv, S, E) *before* the rotary rotation and ``values`` (B, H_kv, S, E).
-
-    Args:
-        num_layers: layers of the model that fills it.
-        window: ``None`` (keep everything) or W >= 1: a rolling cache; each query sees itself and the W - 1
-            most recent tokens, and only those (plus the sinks) are kept between steps.
-        sinks: with a window, the number of first tokens kept for good (attention sinks, Xiao et al., 2023).
+    ``positions``: rotation positions of the new tokens, (L,) or (B, L) (``None`` when ``rerotate``);
+    ``rerotate``: the cache holds keys before the rotation (sinks) and every key is rotated by its slot;
+    ``mask``/``is_causal``: the attention mask (dense, from the mask mods) or SDPA's flag;
+    ``block_mask``: a flex-attention block mask instead (full-sequence calls only).
     """
 
-    def __init__(self, num_layers: int, window: Optional[int] = None, sinks: int = 0) -> None:
-        self.num_layers = check_positive_int(num_layers, "num_layers")
-        self.window = None if window is None else check_positive_int(window, "window")
-        self.sinks = check_positive_int(sinks, "sinks", allow_zero=True)
-        if self.sinks and self.window is None:
-            raise ValueError(f"sinks={sinks} needs a window (a full cache keeps every token anyway)")
-        self.keys: List[Optional[torch.Tensor]] = [None] * num_layers
-        self.values: List[Optional[torch.Tensor]] = [None] * num_layers
-        self.seen = 0  # tokens that went through the model (the text position of the next token)
+    positions: Optional[torch.Tensor]
+    rerotate: bool
+    mask: Optional[torch.Tensor]
+    is_causal: bool
+    block_mask: Optional[BlockMask] = None
 
-    def __len__(self) -> int:
-        """Tokens held now (per layer)."""
-        k = self.keys[0]
-        return 0 if k is None else k.shape[2]
 
-    @property
-    def capacity(self) -> Optional[int]:
-        """Keys a query may see at most (sinks + window), or ``None`` for a full cache."""
-        return None if self.window is None else self.sinks + self.window
-
-    def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Append a layer's new keys and values (B, H_kv, L, E); return everything the queries attend to."""
-        if self.keys[layer] is not None:
-            key = torch.cat([self.keys[layer], key], dim=2)  # (B, H, S0, E) + (B, H, L, E) -> (B, H, S, E)
-            value = torch.cat([self.values[layer], value], dim=2)
-        self.keys[layer], self.values[layer] = key, value
-        return key, value
-
-    def step_done(self, new_tokens: int) -> None:
-        """Count ``new_tokens`` as seen and evict what no later query will see (rolling cache only)."""
-        self.seen += new_tokens
-        if self.window is None or len(self) <= self.sinks + self.window - 1:
-            return
-        keep = self.window - 1  # the next query brings its own key: W - 1 earlier ones complete its window
-        for layer in range(self.num_layers):
-            for store in (self.keys, self.values):
-                t = store[layer]
-                store[layer] = torch.cat([t[:, :, : self.sinks], t[:, :, t.shape[2] - keep :]], dim=2)
-
-    def nbytes(self) -> int:
-        """Bytes of every cached key and value tensor."""
-        return sum(t.numel() * t.element_size() for store in (self.keys, self.values) for t in store
-                   if t is not None)
-
-    @property
-    def batch_size(self) -> Optional[int]:
-        """B of the cached tensors, or ``None`` while the cache is empty (any batch may fill it)."""
-        k = self.keys[0]
-        return None if k is None else k.shape[0]
-
-    def reset(self) -> None:
-        """Forget every cached token (the cache may then take a batch of another size)."""
-        self.keys = [None] * self.num_layers
-        self.values = [None] * self.num_layers
-        self.seen = 0
-
-    def snapshot(self) -> Tuple[List[Optional[torch.Tensor]], List[Optional[torch.Tensor]], int]:
-        """The cache's state, to :meth:`restore` if a call fails half-way. Cheap: appends and evictions build new
-        tensors (``torch.cat``) and never write into cached ones, so holding the old references is enough."""
-        return list(self.keys), list(self.values), self.seen
-
-    def restore(self, state: Tuple[List[Optional[torch.Tensor]], List[Optional[torch.Tensor]], int]) -> None:
-        """Put back a :meth:`snapshot`: the cache is exactly as it was when it was taken."""
-        keys, values, seen = state
-        self.keys, self.values, self.seen = list(keys), list(values), seen
+def left_pad(rows: List[torch.Tensor], pad_id: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Stack 1-D prompts of different lengths, padded on the left: ``(tokens (B, P), pad (B,) int64)``."""
+    if not rows or any(not isinstance(r, torch.Tensor) or r.dim() != 1 or r.numel() == 0 for r in rows):
+        raise ValueError("rows must be a non-empty list of non-empty 1-D token tensors")
+    P = max(r.numel() for r in rows)
+    tokens = torch.full((len(rows), P), pad_id, dtype=rows[0].dtype)
+    for i, r in enumerate(rows):
+        tokens[i, P - r.numel() :] = r
+    return tokens, torch.tensor([P - r.numel() for r in rows], dtype=torch.long)
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -208,20 +133,22 @@ class CausalSelfAttention(MultiHeadAttention):
         self,
         x: torch.Tensor,
         rotary: RotaryEmbedding,
-        cache: Optional[KVCache] = None,
-        layer: int = 0,
-        window: Optional[int] = None,
+        cache: Optional[KVCache],
+        layer: int,
+        plan: _Plan,
         need_weights: bool = False,
+        absorbed: bool = False,
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Self-attention of ``x`` (B, L, D), after the cached tokens if a cache is given.
 
         Args:
             x: (B, L, D) the new tokens' inputs.
             rotary: the model's rotary embedding.
-            cache: a :class:`KVCache` (its window and sinks apply), or ``None``: plain causal attention over x.
+            cache: a :class:`KVCache` to read and extend at ``layer``, or ``None``.
             layer: this layer's index in the cache.
-            window: without a cache, a sliding window (``None``: full causal attention).
+            plan: positions, mask and rotation policy of this call (built once by the model).
             need_weights: also return the weights (B, Hq, L, S).
+            absorbed: unused here (latent attention only).
 
         Returns:
             ``(out, weights_or_None)``, out (B, L, D).
@@ -231,37 +158,49 @@ class CausalSelfAttention(MultiHeadAttention):
         q = self.q_proj(x).view(B, L, Hq, E).transpose(1, 2)  # (B, L, D) -> (B, Hq, L, E)
         k = self.k_proj(x).view(B, L, H, E).transpose(1, 2)  # (B, L, D) -> (B, H, L, E)
         v = self.v_proj(x).view(B, L, H, E).transpose(1, 2)  # (B, L, D) -> (B, H, L, E)
-        if cache is None:
-            mask, is_causal = (None, True) if window is None else (sliding_window_mask(L, window, device=x.device),
-                                                                   False)
-        else:
+        if plan.rerotate:  # sinks: the cache holds keys before RoPE; slots move as tokens are evicted
             k, v = cache.update(layer, k, v)  # (B, H, S, E): the cached keys and values, then these
-            S = k.shape[2]
-            mask, is_causal = cached_causal_mask(L, S, cache.window, cache.sinks, device=x.device), False
-        q = rotary.rotate(q, offset=k.shape[2] - L, name="query")  # queries sit at the last L slots
-        k = rotary.rotate(k, offset=0, name="key")  # keys at slots 0 .. S - 1
-        args = (q, k, v, mask, 0.0, is_causal)
-        out, weights = attention(*args, enable_gqa=H != Hq, need_weights=need_weights)
+            q = rotary.rotate(q, offset=k.shape[2] - L, name="query")  # queries sit at the last L slots
+            k = rotary.rotate(k, offset=0, name="key")  # keys at slots 0 .. S - 1, rotated anew
+        else:  # rotate once, at the tokens' positions in the text; the cache keeps rotated keys
+            q, k = rotate_at(rotary, q, plan.positions), rotate_at(rotary, k, plan.positions)
+            if cache is not None:
+                k, v = cache.update(layer, k, v)  # (B, H, S, E)
+        if plan.block_mask is not None:
+            out, weights = flex_attention(q, k, v, block_mask=plan.block_mask, enable_gqa=H != Hq), None
+        else:
+            args = (q, k, v, plan.mask, 0.0, plan.is_causal)
+            out, weights = attention(*args, enable_gqa=H != Hq, need_weights=need_weights)
         out = out.transpose(1, 2).reshape(B, L, Hq * E)  # (B, Hq, L, E) -> (B, L, D)
         return self.out_proj(out), weights
 
 
 class DecoderBlock(nn.Module):
-    """Pre-LN decoder block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))`` (GELU feed-forward)."""
+    """Pre-LN decoder block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))`` (GELU feed-forward).
 
-    def __init__(self, d_model: int, num_heads: int, num_kv_heads: Optional[int], dim_feedforward: int) -> None:
+    ``attn`` is :class:`CausalSelfAttention` (MHA, GQA, MQA) or, with ``latent=(d_c, d_r)``,
+    :class:`~attention_core.models.latent_attention.LatentSelfAttention` (MLA, head size D / num_heads).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: Optional[int], dim_feedforward: int,
+                 latent: Optional[Tuple[int, int]] = None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads)
+        if latent is None:
+            self.attn: nn.Module = CausalSelfAttention(d_model, num_heads, num_kv_heads)
+        else:
+            check_positive_int(num_heads, "num_heads")
+            if d_model % num_heads:
+                raise ValueError(f"d_model = {d_model} must be divisible by num_heads = {num_heads}")
+            self.attn = LatentSelfAttention(d_model, num_heads, d_model // num_heads, *latent)
         self.norm2 = nn.LayerNorm(d_model)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
 
-    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cache: Optional[KVCache] = None, layer: int = 0,
-                window: Optional[int] = None, need_weights: bool = False
-                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cache: Optional[KVCache], layer: int, plan: _Plan,
+                need_weights: bool = False, absorbed: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(B, L, D) -> (B, L, D), and the attention weights when asked."""
-        a, weights = self.attn(self.norm1(x), rotary, cache, layer, window, need_weights)
+        a, weights = self.attn(self.norm1(x), rotary, cache, layer, plan, need_weights, absorbed)
         x = x + a
         x = x + self.linear2(F.gelu(self.linear1(self.norm2(x))))
         return x, weights
@@ -278,30 +217,47 @@ class DecoderLM(nn.Module):
         num_kv_heads: key/value heads (default ``num_heads``: MHA; 1: MQA; in between: GQA).
         dim_feedforward: hidden width of the feed-forward networks (default 4 D).
         context: the length the model is trained on (recorded; longer inputs are allowed).
-        max_positions: positions the rotary table covers (inputs and cache slots stay below it).
+        max_positions: positions the rotary table covers (a full cache's text and a cache's slots stay below it).
         rope_base: the rotary wavelength scale.
+        attention: ``"standard"`` (MHA/GQA/MQA by ``num_kv_heads``) or ``"latent"`` (MLA).
+        kv_latent_dim: MLA's d_c, the cached latent's size (``attention="latent"`` only).
+        rope_dim: MLA's d_r, the decoupled rotary key's size, even (``attention="latent"`` only).
     """
 
     def __init__(self, vocab_size: int, d_model: int = 128, num_layers: int = 4, num_heads: int = 4,
                  num_kv_heads: Optional[int] = None, dim_feedforward: Optional[int] = None, context: int = 128,
-                 max_positions: int = 8192, rope_base: float = 10000.0) -> None:
+                 max_positions: int = 8192, rope_base: float = 10000.0, attention: str = "standard",
+                 kv_latent_dim: Optional[int] = None, rope_dim: Optional[int] = None) -> None:
         super().__init__()
         for name, n in {"vocab_size": vocab_size, "d_model": d_model, "num_layers": num_layers,
                         "context": context, "max_positions": max_positions}.items():
             check_positive_int(n, name)
         dim_feedforward = 4 * d_model if dim_feedforward is None else check_positive_int(dim_feedforward,
                                                                                          "dim_feedforward")
+        if attention not in ("standard", "latent"):
+            raise ValueError(f"attention must be 'standard' or 'latent', got {attention!r}")
+        latent = None
+        if attention == "latent":
+            if kv_latent_dim is None or rope_dim is None or num_kv_heads is not None:
+                raise ValueError("attention='latent' needs kv_latent_dim and rope_dim (and no num_kv_heads), got "
+                                 f"kv_latent_dim={kv_latent_dim}, rope_dim={rope_dim}, num_kv_heads={num_kv_heads}")
+            latent = (check_positive_int(kv_latent_dim, "kv_latent_dim"), check_positive_int(rope_dim, "rope_dim"))
+        elif kv_latent_dim is not None or rope_dim is not None:
+            raise ValueError("kv_latent_dim and rope_dim belong to attention='latent'")
         self.vocab_size, self.d_model, self.num_layers, self.context = vocab_size, d_model, num_layers, context
+        self.attention = attention
         self.embed = nn.Embedding(vocab_size, d_model)
         self.blocks = nn.ModuleList(
-            DecoderBlock(d_model, num_heads, num_kv_heads, dim_feedforward) for _ in range(num_layers)
+            DecoderBlock(d_model, num_heads, num_kv_heads, dim_feedforward, latent) for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.embed.weight  # tied read-out (GPT-2)
         attn = self.blocks[0].attn
-        self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.rotary = RotaryEmbedding(self.head_dim, max_len=max_positions, base=rope_base)
+        self.num_heads, self.head_dim = attn.num_heads, attn.head_dim
+        self.num_kv_heads = attn.num_kv_heads if latent is None else None
+        rotary_dim = self.head_dim if latent is None else latent[1]
+        self.rotary = RotaryEmbedding(rotary_dim, max_len=max_positions, base=rope_base)
         self.config: Dict[str, Any] = {}
         self._init_weights()
 
@@ -315,12 +271,21 @@ class DecoderLM(nn.Module):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
-    def new_cache(self, window: Optional[int] = None, sinks: int = 0) -> KVCache:
-        """An empty :class:`KVCache` for this model (full, or rolling with ``window`` and ``sinks``)."""
-        return KVCache(self.num_layers, window, sinks)
+    def new_cache(self, window: Optional[int] = None, sinks: int = 0, max_len: Optional[int] = None) -> KVCache:
+        """An empty :class:`KVCache` for this model (full, or rolling with ``window`` and ``sinks``; ``max_len``:
+        preallocate that many slots, a static cache)."""
+        return KVCache(self.num_layers, window, sinks, max_len=max_len)
+
+    def cache_numbers_per_token(self) -> int:
+        """Numbers the cache holds per token and layer: ``2 H_kv E``, or ``d_c + d_r`` for latent attention."""
+        a = self.blocks[0].attn
+        if self.attention == "latent":
+            return a.kv_latent_dim + a.rope_dim
+        return 2 * a.num_kv_heads * a.head_dim
 
     def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, window: Optional[int] = None,
-                need_weights: bool = False) -> LMOutput:
+                need_weights: bool = False, *, pad: Optional[torch.Tensor] = None,
+                block_mask: Optional[BlockMask] = None, absorbed: Optional[bool] = None) -> LMOutput:
         """Logits for the next token at every position of ``tokens``.
 
         Args:
@@ -330,29 +295,40 @@ class DecoderLM(nn.Module):
             window: without a cache, attend through a sliding window of this many keys (the reference for a
                 rolling cache); with a cache, use the cache's own window.
             need_weights: also return every layer's attention weights.
+            pad: (B,) int64, left padding of each row of ``tokens`` (no cache, or an empty cache, which keeps it
+                for the following calls). Padding keys are never read; each row's positions start at its first
+                real token. Not with sinks.
+            block_mask: a :class:`~attention_core.flex_attention.BlockMask` of shape (L, L) for a call without a
+                cache, window or padding: attention runs through ``flex_attention`` (its mask mod decides causality).
+            absorbed: latent attention only: the absorbed form (default with a cache) or the expanded one
+                (default without).
 
         Returns:
             :class:`LMOutput`, logits (B, L, V).
         """
-        self._check_call(tokens, cache, window, need_weights)
+        self._check_call(tokens, cache, window, need_weights, pad, block_mask)
+        absorbed = (cache is not None) if absorbed is None else check_bool_flag(absorbed, "absorbed")
         if cache is None:
-            return self._forward(tokens, None, window, need_weights)
+            return self._forward(tokens, None, window, need_weights, pad, block_mask, absorbed)
         # Transactional: a call that raises (a backend that refuses, say, in a later layer than the first) leaves
         # the cache exactly as it was, never with some layers appended and others not.
         state = cache.snapshot()
         try:
+            if pad is not None:
+                cache.set_padding(pad)
             if cache.sinks and len(cache) + tokens.shape[1] > cache.capacity:
                 if need_weights:
                     raise ValueError("need_weights=True with sinks: feed at most cache.capacity - len(cache) "
                                      "tokens per call (the slots move while tokens are evicted)")
-                return self._forward_in_steps(tokens, cache)
-            return self._forward(tokens, cache, None, need_weights)
+                return self._forward_in_steps(tokens, cache, absorbed)
+            return self._forward(tokens, cache, None, need_weights, None, None, absorbed)
         except BaseException:
             cache.restore(state)
             raise
 
     def _check_call(self, tokens: torch.Tensor, cache: Optional[KVCache], window: Optional[int],
-                    need_weights: bool) -> None:
+                    need_weights: bool, pad: Optional[torch.Tensor] = None,
+                    block_mask: Optional[BlockMask] = None) -> None:
         """Everything a call can be refused for, checked before any layer touches the cache."""
         check_tensor(tokens, "tokens")
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
@@ -365,6 +341,21 @@ class DecoderLM(nn.Module):
             raise ValueError(f"tokens must be ids in [0, {V}) (vocab_size = {V}), got values from "
                              f"{int(tokens.min())} to {int(tokens.max())}")
         L, max_len = tokens.shape[1], self.rotary.max_len
+        if pad is not None:
+            if (not isinstance(pad, torch.Tensor) or pad.dim() != 1 or pad.shape[0] != tokens.shape[0]
+                    or pad.is_floating_point() or pad.dtype == torch.bool):
+                raise ValueError(f"pad must be a (B,) = ({tokens.shape[0]},) integer tensor, got {pad!r:.80}")
+            if pad.numel() and (int(pad.min()) < 0 or int(pad.max()) >= L):
+                raise ValueError(f"pad must count 0 .. L - 1 = {L - 1} padding tokens per row (each row keeps a "
+                                 f"real token), got {pad.tolist()}")
+        if block_mask is not None:
+            if not isinstance(block_mask, BlockMask):
+                raise TypeError(f"block_mask must be a BlockMask (create_block_mask), got {type(block_mask).__name__}")
+            if cache is not None or window is not None or pad is not None or need_weights:
+                raise ValueError("block_mask is for a full-sequence call: no cache, window, pad or need_weights")
+            if tuple(block_mask.seq_lengths) != (L, L):
+                raise ValueError(f"block_mask covers {tuple(block_mask.seq_lengths)} but tokens has L = {L}: "
+                                 f"build it for ({L}, {L})")
         if cache is None:
             if L > max_len:
                 raise ValueError(f"tokens has L = {L} positions but the model covers max_positions = {max_len}")
@@ -380,30 +371,61 @@ class DecoderLM(nn.Module):
         if cache.batch_size is not None and cache.batch_size != tokens.shape[0]:
             raise ValueError(f"tokens has batch size B = {tokens.shape[0]} but the cache holds B = "
                              f"{cache.batch_size} sequences; use one cache per batch (or cache.reset())")
-        needed = len(cache) + L  # the highest slot this call rotates by, plus one
-        if cache.sinks and needed > cache.capacity:  # type: ignore[operator]
-            needed = cache.capacity  # fed in steps that evict as they go: slots stay below the capacity
-        if needed > max_len:
-            raise ValueError(f"the cache holds {len(cache)} tokens and tokens adds L = {L}: slots up to "
-                             f"{needed - 1}, but the model covers max_positions = {max_len}")
+        if pad is not None:
+            if len(cache) or cache.seen:
+                raise ValueError("pad is given with the first call of a cache (the prompt), not with later ones")
+            if cache.sinks:
+                raise ValueError("left padding and sinks do not mix: the sinks would be padding (feed rows alone)")
+        if cache.max_len is not None:
+            cache.check_room(min(L, max(cache.capacity - len(cache), 1)) if cache.sinks else L)  # type: ignore[operator]
+        if cache.sinks:  # slots: fed in steps that evict as they go, so they stay below the capacity
+            needed = min(len(cache) + L, cache.capacity)  # type: ignore[type-var]
+            if needed > max_len:
+                raise ValueError(f"the cache holds {len(cache)} tokens and tokens adds L = {L}: slots up to "
+                                 f"{needed - 1}, but the model covers max_positions = {max_len}")
+        elif cache.window is None and cache.seen + L > max_len:
+            raise ValueError(f"the cache holds {cache.seen} tokens and tokens adds L = {L}: positions up to "
+                             f"{cache.seen + L - 1}, but the model covers max_positions = {max_len}")
+
+    def _plan(self, L: int, cache: Optional[KVCache], window: Optional[int], pad: Optional[torch.Tensor],
+              block_mask: Optional[BlockMask], device: torch.device) -> _Plan:
+        """Positions and mask of a call, shared by every layer."""
+        if cache is None:
+            positions = torch.arange(L, device=device)
+            if pad is not None:
+                positions = (positions[None] - pad.to(device)[:, None]).clamp(min=0)  # (B, L)
+            if block_mask is not None:
+                return _Plan(positions, False, None, False, block_mask)
+            if window is None and pad is None:
+                return _Plan(positions, False, None, True)
+            return _Plan(positions, False, decode_mask(L, L, window, 0, pad, device=device), False)
+        S = len(cache) + L
+        mask = decode_mask(L, S, cache.window, cache.sinks, cache.pad, device=device)
+        if cache.pad is None and cache.window is None and L == 1:
+            mask = None  # one new token reads every cached key: no mask at all
+        if cache.rotated:
+            return _Plan(cache.positions(L, device), False, mask, False)
+        return _Plan(None, True, mask, False)
 
     def _forward(self, tokens: torch.Tensor, cache: Optional[KVCache], window: Optional[int],
-                 need_weights: bool) -> LMOutput:
+                 need_weights: bool, pad: Optional[torch.Tensor] = None, block_mask: Optional[BlockMask] = None,
+                 absorbed: bool = False) -> LMOutput:
+        plan = self._plan(tokens.shape[1], cache, window, pad, block_mask, tokens.device)
         x = self.embed(tokens)  # (B, L) -> (B, L, D)
         weights = [] if need_weights else None
         for i, block in enumerate(self.blocks):
-            x, w = block(x, self.rotary, cache, i, window, need_weights)
+            x, w = block(x, self.rotary, cache, i, plan, need_weights, absorbed)
             if weights is not None:
                 weights.append(w)
         if cache is not None:
             cache.step_done(tokens.shape[1])
         return LMOutput(self.lm_head(self.norm(x)), weights)
 
-    def _forward_in_steps(self, tokens: torch.Tensor, cache: KVCache) -> LMOutput:
+    def _forward_in_steps(self, tokens: torch.Tensor, cache: KVCache, absorbed: bool) -> LMOutput:
         """With sinks, slots move as tokens are evicted: fill the cache in one pass, then one token at a time."""
         first = max(cache.capacity - len(cache), 1)  # type: ignore[operator]
-        logits = [self(tokens[:, :first], cache).logits]
-        logits += [self(tokens[:, t : t + 1], cache).logits for t in range(first, tokens.shape[1])]
+        logits = [self(tokens[:, :first], cache, absorbed=absorbed).logits]
+        logits += [self(tokens[:, t : t + 1], cache, absorbed=absorbed).logits for t in range(first, tokens.shape[1])]
         return LMOutput(torch.cat(logits, dim=1))  # (B, L, V)
 
 
@@ -412,7 +434,8 @@ class LMConfig:
     """The shape of a :class:`DecoderLM` (its constructor's arguments) and the seed of its initialisation.
 
     ``LMConfig(**model.config)`` rebuilds the config a checkpoint stores; ``None`` for ``num_kv_heads`` and
-    ``dim_feedforward`` means ``num_heads`` and ``4 * d_model``, for ``seed`` the global generator.
+    ``dim_feedforward`` means ``num_heads`` and ``4 * d_model``, for ``seed`` the global generator, for
+    ``attention`` ``"standard"`` (``"latent"`` with ``kv_latent_dim`` and ``rope_dim``: multi-head latent attention).
     """
 
     vocab_size: int
@@ -425,6 +448,9 @@ class LMConfig:
     max_positions: int = 8192
     rope_base: float = 10000.0
     seed: Optional[int] = None
+    attention: Optional[str] = None
+    kv_latent_dim: Optional[int] = None
+    rope_dim: Optional[int] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields that differ from ``None``, as a checkpoint's ``config`` records them."""
@@ -454,6 +480,8 @@ def build_language_model(config: Union[LMConfig, Dict[str, Any]]) -> DecoderLM:
     else:
         raise TypeError(f"config must be an LMConfig or a dict, got {type(config).__name__}")
     kwargs = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "seed"}
+    if kwargs["attention"] is None:
+        kwargs["attention"] = "standard"
     if config.seed is None:
         model = DecoderLM(**kwargs)
     else:
@@ -525,11 +553,14 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: Opt
 def generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: Optional[int] = None, top_p: Optional[float] = None,
              generator: Optional[torch.Generator] = None, use_cache: bool = True, window: Optional[int] = None,
-             sinks: int = 0) -> torch.Tensor:
+             sinks: int = 0, *, pad: Optional[torch.Tensor] = None, absorbed: Optional[bool] = None,
+             max_len: Optional[int] = None) -> torch.Tensor:
     """Continue ``prompt`` (B, P) by ``max_new_tokens`` tokens; returns (B, P + max_new_tokens).
 
     With ``use_cache`` the prompt is prefilled once and every new token decoded alone from a :class:`KVCache`
-    (rolling if ``window`` is given); without, every step recomputes the model over the whole text.
+    (rolling if ``window`` is given; ``max_len`` preallocates it); without, every step recomputes the model over
+    the whole text. ``pad`` (B,): the prompt rows are left-padded by that many tokens (see :func:`left_pad`).
+    ``absorbed``: latent attention's form (default: absorbed with the cache).
     """
     check_tensor(prompt, "prompt")
     if prompt.dim() != 2 or prompt.shape[1] == 0:
@@ -540,15 +571,17 @@ def generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temper
         raise ValueError("sinks need the rolling cache (use_cache=True)")
     model.eval()
     tokens = prompt
-    cache = model.new_cache(window, sinks) if use_cache else None
-    logits = model(prompt, cache, None if use_cache else window).logits[:, -1]  # prefill: (B, V)
+    cache = model.new_cache(window, sinks, max_len) if use_cache else None
+    pad_row = None if pad is None else pad.to(prompt.device)
+    logits = model(prompt, cache, None if use_cache else window, pad=pad_row,
+                   absorbed=absorbed).logits[:, -1]  # prefill: (B, V)
     for step in range(max_new_tokens):
         nxt = sample_next_token(logits, temperature, top_k, top_p, generator)[:, None]  # (B, 1)
         tokens = torch.cat([tokens, nxt], dim=1)
         if step == max_new_tokens - 1:
             break
         if cache is not None:
-            logits = model(nxt, cache).logits[:, -1]  # decode: one token against the cache
+            logits = model(nxt, cache, absorbed=absorbed).logits[:, -1]  # decode: one token against the cache
         else:
-            logits = model(tokens, window=window).logits[:, -1]  # recompute everything
+            logits = model(tokens, window=window, pad=pad_row, absorbed=absorbed).logits[:, -1]  # recompute
     return tokens

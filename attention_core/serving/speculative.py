@@ -88,10 +88,7 @@ def next_token_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def _truncate(cache: KVCache, n: int) -> None:
-    for layer in range(cache.num_layers):
-        cache.keys[layer] = cache.keys[layer][:, :, :n]
-        cache.values[layer] = cache.values[layer][:, :, :n]
-    cache.seen = n
+    cache.crop(n)
 
 
 @dataclass

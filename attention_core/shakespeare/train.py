@@ -11,6 +11,7 @@ Command line (trains on one CPU thread and writes the checkpoint)::
     python -m attention_core.shakespeare.train            # the shipped recipe
     python -m attention_core.shakespeare.train --steps 50 --out /tmp/ckpt   # a quick try elsewhere
     python -m attention_core.shakespeare.train --recipe draft   # the one-layer draft of chapter 15
+    python -m attention_core.shakespeare.train --recipe kinds   # MHA, GQA, MQA and MLA, one after the other
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from attention_core.training.progress import progress
 from attention_core.training.schedules import cosine_lr
 
 __all__ = [
+    "ATTENTION_KINDS",
+    "AttentionKindRecipe",
     "CHECKPOINT_DIR",
     "DRAFT_RECIPE",
     "RECIPE",
@@ -102,8 +105,43 @@ RECIPE = LMRecipe()
 DRAFT_RECIPE = LMRecipe(name="shakespeare_draft", d_model=64, num_layers=1, num_heads=4, num_kv_heads=4,
                         dim_feedforward=256, steps=1500)
 
-#: The recipes the command line knows, by ``--recipe`` name.
-RECIPES: Dict[str, LMRecipe] = {"main": RECIPE, "draft": DRAFT_RECIPE}
+
+
+@dataclass(frozen=True)
+class AttentionKindRecipe(LMRecipe):
+    """An :class:`LMRecipe` whose attention may be multi-head latent attention (``attention="latent"``).
+
+    The four recipes of :data:`ATTENTION_KINDS` share everything (width, depth, heads, steps, data, seeds) but the
+    attention; the feed-forward width of each is set so that all four have the same parameter count (within
+    0.1%), so that a difference in validation loss is the attention's, not the size's. Plain text only
+    (``repeat_fraction=0``).
+    """
+
+    attention: str = "standard"
+    kv_latent_dim: Optional[int] = None
+    rope_dim: Optional[int] = None
+
+    def config(self, vocab_size: int) -> Dict[str, Any]:
+        cfg = super().config(vocab_size)
+        if self.attention == "latent":
+            del cfg["num_kv_heads"]
+            cfg.update(attention="latent", kv_latent_dim=self.kv_latent_dim, rope_dim=self.rope_dim)
+        return cfg
+
+
+_KIND = dict(d_model=128, num_layers=2, num_heads=4, context=128, steps=800, repeat_fraction=0.0)
+#: MHA, GQA (2 key/value heads), MQA (1) and MLA (d_c = 64, d_r = 16) at matched parameters and steps.
+ATTENTION_KINDS: Dict[str, AttentionKindRecipe] = {
+    "MHA": AttentionKindRecipe(name="kind_mha", num_kv_heads=4, dim_feedforward=512, **_KIND),
+    "GQA-2": AttentionKindRecipe(name="kind_gqa", num_kv_heads=2, dim_feedforward=576, **_KIND),
+    "MQA": AttentionKindRecipe(name="kind_mqa", num_kv_heads=1, dim_feedforward=608, **_KIND),
+    "MLA": AttentionKindRecipe(name="kind_mla", dim_feedforward=504, attention="latent", kv_latent_dim=64,
+                               rope_dim=16, **_KIND),
+}
+
+#: The recipes the command line knows, by ``--recipe`` name (``kinds`` trains the four of ATTENTION_KINDS).
+RECIPES: Dict[str, LMRecipe] = {"main": RECIPE, "draft": DRAFT_RECIPE,
+                                **{r.name: r for r in ATTENTION_KINDS.values()}}
 
 
 def _lr_at(step: int, recipe: LMRecipe) -> float:
@@ -197,11 +235,16 @@ def load_or_train_language_model(directory: PathLike = CHECKPOINT_DIR, retrain: 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m attention_core.shakespeare.train [--recipe main|draft] [--steps N] [--out DIR]``: train, save."""
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default="main", help="which recipe (default: main)")
+    parser.add_argument("--recipe", choices=sorted(RECIPES) + ["kinds"], default="main",
+                        help="which recipe (default: main; kinds: the four attention kinds)")
     parser.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the recipe's)")
     parser.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.recipe == "kinds":
+        for r in ATTENTION_KINDS.values():
+            main(["--recipe", r.name, "--out", args.out] + ([] if args.steps is None else ["--steps", str(args.steps)]))
+        return
     base = RECIPES[args.recipe]
     recipe = replace(base, steps=base.steps if args.steps is None else args.steps)
     corpus = load_corpus()
