@@ -17,6 +17,7 @@ from attention_core.shakespeare.data import CharVocab, load_corpus, random_batch
 from attention_core.shakespeare.train import (
     INDUCTION_CURRICULUM,
     INDUCTION_PLAIN,
+    SINK_PLAIN_RECIPE,
     SINK_RECIPE,
     evaluate_loss,
     main,
@@ -141,7 +142,8 @@ def test_experiment_recipes_differ_only_where_they_say() -> None:
     assert INDUCTION_CURRICULUM.repeat_random and INDUCTION_CURRICULUM.repeat_fraction == 0.5
     assert replace(INDUCTION_PLAIN, name=INDUCTION_CURRICULUM.name, repeat_fraction=0.5, repeat_random=True) \
         == INDUCTION_CURRICULUM
-    assert replace(SINK_RECIPE, name=INDUCTION_PLAIN.name, bos=False) == INDUCTION_PLAIN
+    assert replace(SINK_RECIPE, name=INDUCTION_CURRICULUM.name, bos=False) == INDUCTION_CURRICULUM
+    assert replace(SINK_PLAIN_RECIPE, name=INDUCTION_PLAIN.name, bos=False) == INDUCTION_PLAIN
     assert SINK_RECIPE.config(65)["vocab_size"] == 66 and INDUCTION_PLAIN.config(65)["vocab_size"] == 65
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "INDUCTION_CURRICULUM",
     "INDUCTION_PLAIN",
     "PROBE_LENGTH",
+    "SINK_PLAIN_RECIPE",
     "SINK_RECIPE",
     "ExperimentRecipe",
     "probe_sequences",
@@ -141,12 +142,15 @@ INDUCTION_CURRICULUM = ExperimentRecipe(name="induction_curriculum", d_model=64,
                                         num_kv_heads=4, dim_feedforward=256, steps=2000, repeat_fraction=0.5,
                                         probe_every=50, repeat_random=True)
 INDUCTION_PLAIN = replace(INDUCTION_CURRICULUM, name="induction_plain", repeat_fraction=0.0, repeat_random=False)
-#: The same small model trained on plain crops that all start with one start token (StreamingLLM's setting).
-SINK_RECIPE = replace(INDUCTION_PLAIN, name="sink_bos", bos=True)
+#: The curriculum model again, with every crop starting with one start token (StreamingLLM's setting).
+SINK_RECIPE = replace(INDUCTION_CURRICULUM, name="sink_bos", bos=True)
+#: The plain model with a start token.
+SINK_PLAIN_RECIPE = replace(INDUCTION_PLAIN, name="sink_bos_plain", bos=True)
 
 #: The recipes the command line knows, by ``--recipe`` name.
 RECIPES: Dict[str, LMRecipe] = {"main": RECIPE, "draft": DRAFT_RECIPE, "induction_curriculum": INDUCTION_CURRICULUM,
-                                "induction_plain": INDUCTION_PLAIN, "sink": SINK_RECIPE}
+                                "induction_plain": INDUCTION_PLAIN, "sink": SINK_RECIPE,
+                                "sink_plain": SINK_PLAIN_RECIPE}
 
 
 def probe_sequences(vocab: CharVocab, num_sequences: int = 16, length: int = PROBE_LENGTH, seed: int = 0
