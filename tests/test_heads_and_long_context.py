@@ -209,3 +209,32 @@ def test_clamped_attention_scores_far_keys_at_the_cap() -> None:
     scores = torch.stack([r(q[0, 0, 11], 11 - j if 11 - j <= 3 else 3) @ k[0, 0, j] for j in range(12)])
     want = (scores / 8 ** 0.5).softmax(0) @ v[0, 0]
     assert (out[0, 0, 11] - want).abs().max() < 1e-6  # (the rotary table is float32)
+
+
+def test_the_sink_recipe_from_the_command_line_reads_its_start_token(tmp_path: Path) -> None:
+    main(["--recipe", "sink", "--steps", "2", "--probe-every", "0", "--out", str(tmp_path)])
+    entry = json.loads((tmp_path / "manifest.json").read_text())["sink_bos"]
+    assert entry["recipe"]["bos"] is True and "probes" not in entry
+    model = build_language_model(SINK_RECIPE.config(65))
+    assert model.vocab_size == 66
+
+
+# ------------------------------------------------------------------------------------------ shipped checkpoints
+
+
+@pytest.mark.parametrize("recipe", [INDUCTION_CURRICULUM, INDUCTION_PLAIN, SINK_RECIPE])
+def test_the_shipped_experiment_checkpoints_do_what_the_chapter_says(corpus, recipe) -> None:
+    from attention_core.shakespeare.train import load_or_train_language_model
+
+    model, entry = load_or_train_language_model(recipe=recipe)
+    assert entry["sha256"] is not None and len(entry["probes"]) == recipe.steps // recipe.probe_every + 1
+    probe = probe_sequences(corpus.vocab, 8, seed=1)
+    found = heads.probe_copying(model, probe, 32)
+    if recipe is INDUCTION_PLAIN:
+        assert found["copy_accuracy"] < 0.1
+    elif not recipe.bos:
+        assert found["copy_accuracy"] > 0.9
+    else:  # the start token is where one head parks its attention
+        text = torch.cat([torch.tensor([[len(corpus.vocab)]]), corpus.val[None, 5000:5127]], dim=1)
+        with torch.no_grad():
+            assert heads.first_token_weight(model(text, need_weights=True).weights, 32).max() > 0.5
