@@ -5,7 +5,8 @@
 - :mod:`~attention_core.models.bert`: a BERT encoder with pooling heads (chapter 10);
 - :mod:`~attention_core.models.language_model`: the decoder-only language model, its KV cache, windows and
   sinks (chapter 11);
-- :mod:`~attention_core.models.latent_attention`: DeepSeek-style multi-head latent attention and its cache.
+- :mod:`~attention_core.models.latent_attention`: DeepSeek-style multi-head latent attention and its cache;
+- :mod:`~attention_core.models.long_context`: a rotary decoder run with every key kept and the offsets clamped.
 
 A new model goes here as one module; its data and training recipe go in a task wing
 (``attention_core/<task>/``).
