@@ -7,7 +7,8 @@
   attention), generation, windows and sinks (chapter 11);
 - :mod:`~attention_core.models.kv_cache`: its key/value cache (preallocated, rotated keys, left padding) and
   the decode masks built from the mask mods;
-- :mod:`~attention_core.models.latent_attention`: DeepSeek-style multi-head latent attention and its cache.
+- :mod:`~attention_core.models.latent_attention`: DeepSeek-style multi-head latent attention and its cache;
+- :mod:`~attention_core.models.long_context`: a rotary decoder run with every key kept and the offsets clamped.
 
 A new model goes here as one module; its data and training recipe go in a task wing
 (``attention_core/<task>/``).

@@ -35,6 +35,7 @@ __all__ = [
     "load_corpus",
     "load_text",
     "random_batch",
+    "repeat_random_tokens",
     "unigram_loss",
 ]
 
@@ -153,6 +154,30 @@ def random_batch(ids: torch.Tensor, batch_size: int, context: int, generator: Op
         periods = torch.randint(lo, hi + 1, (batch_size,), generator=generator)  # (B,)
         for b in repeat.nonzero().flatten().tolist():
             crops[b] = crops[b, torch.arange(context + 1) % periods[b]]  # period-p copy of the crop's start
+    return crops[:, :-1], crops[:, 1:]
+
+
+def repeat_random_tokens(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, fraction: float,
+                         periods: Tuple[int, int], generator: Optional[torch.Generator] = None
+                         ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Replace a share ``fraction`` of the rows of a batch by *random* tokens written again and again.
+
+    Each chosen row becomes ``p`` tokens drawn uniformly from ``vocab_size`` (``p`` from ``periods``, both ends
+    included), repeated to the row's length: from the second copy on, every next token can be read off its
+    previous occurrence, and *only* that way (random tokens have no other structure to learn). Returns new
+    (inputs, targets), targets shifted by one as before.
+    """
+    check_real(fraction, "fraction", low=0, high=1)
+    lo, hi = periods
+    if not 1 <= lo <= hi:
+        raise ValueError(f"periods must be (low, high) with 1 <= low <= high, got {periods!r}")
+    B, L = inputs.shape
+    crops = torch.cat([inputs, targets[:, -1:]], dim=1)  # (B, L + 1)
+    chosen = torch.rand(B, generator=generator) < fraction  # (B,)
+    p = torch.randint(lo, hi + 1, (B,), generator=generator)  # (B,)
+    noise = torch.randint(0, vocab_size, (B, hi), generator=generator)  # (B, hi)
+    for b in chosen.nonzero().flatten().tolist():
+        crops[b] = noise[b, torch.arange(L + 1) % p[b]]
     return crops[:, :-1], crops[:, 1:]
 
 

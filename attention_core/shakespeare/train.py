@@ -12,6 +12,7 @@ Command line (trains on one CPU thread and writes the checkpoint)::
     python -m attention_core.shakespeare.train --steps 50 --out /tmp/ckpt   # a quick try elsewhere
     python -m attention_core.shakespeare.train --recipe draft   # the one-layer draft of chapter 15
     python -m attention_core.shakespeare.train --recipe kinds   # MHA, GQA, MQA and MLA, one after the other
+    python -m attention_core.shakespeare.train --recipe induction_curriculum   # and induction_plain, sink
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import argparse
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from attention_core.models.language_model import DecoderLM, build_language_model
-from attention_core.shakespeare.data import Corpus, load_corpus, random_batch
+from attention_core.shakespeare.data import CharVocab, Corpus, load_corpus, random_batch, repeat_random_tokens
+from attention_core.shakespeare.heads import distinct_repeated, probe_copying
 from attention_core.training.checkpoint import (
     TrainLog,
     load_or_train_recipe,
@@ -42,6 +44,13 @@ __all__ = [
     "AttentionKindRecipe",
     "CHECKPOINT_DIR",
     "DRAFT_RECIPE",
+    "INDUCTION_CURRICULUM",
+    "INDUCTION_PLAIN",
+    "PROBE_LENGTH",
+    "SINK_PLAIN_RECIPE",
+    "SINK_RECIPE",
+    "ExperimentRecipe",
+    "probe_sequences",
     "RECIPE",
     "RECIPES",
     "LMRecipe",
@@ -139,13 +148,64 @@ ATTENTION_KINDS: Dict[str, AttentionKindRecipe] = {
                                rope_dim=16, **_KIND),
 }
 
+@dataclass(frozen=True)
+class ExperimentRecipe(LMRecipe):
+    """A :class:`LMRecipe` with what chapter 11's experiments add.
+
+    ``bos``: every training crop starts with one extra token, id ``V`` (the vocabulary has ``V + 1`` ids), as the
+    models of StreamingLLM (Xiao et al., 2023) see the same start token at the head of every sequence.
+    ``probe_every``: every this many steps (and after the last), :func:`probe_copying` runs on
+    :func:`probe_sequences` and its scores go into the training log (``TrainLog.probes``).
+    ``repeat_random``: the repeated rows (a share ``repeat_fraction``) are random characters written again and
+    again (:func:`~attention_core.shakespeare.data.repeat_random_tokens`) instead of a stretch of the text.
+    """
+
+    bos: bool = False
+    probe_every: int = 0
+    repeat_random: bool = False
+
+    def config(self, vocab_size: int) -> Dict[str, Any]:
+        """As :meth:`LMRecipe.config`, with one more id for the start token when ``bos``."""
+        return {**super().config(vocab_size), "vocab_size": vocab_size + int(self.bos)}
+
+
+#: Length N of the distinct-token sequences the probes write twice.
+PROBE_LENGTH = 32
+
+#: Two small models that differ in one thing, the repeated crops, with their heads probed every 50 steps.
+INDUCTION_CURRICULUM = ExperimentRecipe(name="induction_curriculum", d_model=64, num_layers=2, num_heads=4,
+                                        num_kv_heads=4, dim_feedforward=256, steps=2000, repeat_fraction=0.5,
+                                        probe_every=50, repeat_random=True)
+INDUCTION_PLAIN = replace(INDUCTION_CURRICULUM, name="induction_plain", repeat_fraction=0.0, repeat_random=False)
+#: The curriculum model again, with every crop starting with one start token (StreamingLLM's setting).
+SINK_RECIPE = replace(INDUCTION_CURRICULUM, name="sink_bos", bos=True)
+#: The plain model with a start token.
+SINK_PLAIN_RECIPE = replace(INDUCTION_PLAIN, name="sink_bos_plain", bos=True)
+
 #: The recipes the command line knows, by ``--recipe`` name (``kinds`` trains the four of ATTENTION_KINDS).
-RECIPES: Dict[str, LMRecipe] = {"main": RECIPE, "draft": DRAFT_RECIPE,
-                                **{r.name: r for r in ATTENTION_KINDS.values()}}
+RECIPES: Dict[str, LMRecipe] = {"main": RECIPE, "draft": DRAFT_RECIPE, "induction_curriculum": INDUCTION_CURRICULUM,
+                                "induction_plain": INDUCTION_PLAIN, "sink": SINK_RECIPE,
+                                "sink_plain": SINK_PLAIN_RECIPE, **{r.name: r for r in ATTENTION_KINDS.values()}}
+
+
+def probe_sequences(vocab: CharVocab, num_sequences: int = 16, length: int = PROBE_LENGTH, seed: int = 0
+                    ) -> torch.Tensor:
+    """(num_sequences, 2 * length): ``length`` distinct letters (of the 52 upper- and lower-case ones) written
+    twice, drawn with ``seed``: the probe text of the copying measurements."""
+    letters = vocab.encode("".join(c for c in vocab.chars if c.isalpha()))  # (52,)
+    return distinct_repeated(num_sequences, length, letters, torch.Generator().manual_seed(seed))
 
 
 def _lr_at(step: int, recipe: LMRecipe) -> float:
     return cosine_lr(step, lr=recipe.lr, steps=recipe.steps, warmup=recipe.warmup, min_lr_ratio=recipe.min_lr_ratio)
+
+
+def _probe_record(step: int, model: DecoderLM, sequences: torch.Tensor) -> Dict[str, Any]:
+    found = probe_copying(model, sequences, sequences.shape[1] // 2)
+    return {"step": step, "copy_accuracy": round(found["copy_accuracy"], 4),
+            "loss_second": round(found["loss_second"], 4),
+            "previous": [[round(v, 4) for v in row] for row in found["previous"].tolist()],
+            "induction": [[round(v, 4) for v in row] for row in found["induction"].tolist()]}
 
 
 def train_language_model(recipe: LMRecipe = RECIPE, corpus: Optional[Corpus] = None,
@@ -153,7 +213,9 @@ def train_language_model(recipe: LMRecipe = RECIPE, corpus: Optional[Corpus] = N
                          ) -> Tuple[DecoderLM, TrainLog]:
     """Build the model of ``recipe`` and train it from scratch; returns ``(model in eval mode, log)``.
 
-    Runs repeat exactly on one CPU thread for the same recipe (the batches come from a seeded generator).
+    Runs repeat exactly on one CPU thread for the same recipe (the batches come from a seeded generator). An
+    :class:`ExperimentRecipe` may add a start token to every crop and probe the heads as it trains (the records
+    go to ``log.probes``, a list of dicts).
     """
     if not isinstance(recipe, LMRecipe):
         raise TypeError(f"recipe must be an LMRecipe, got {type(recipe).__name__}")
@@ -165,12 +227,26 @@ def train_language_model(recipe: LMRecipe = RECIPE, corpus: Optional[Corpus] = N
                                    {"params": rest, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.99))
     g = torch.Generator().manual_seed(recipe.data_seed)
     log, start = TrainLog(), time.perf_counter()
+    bos = getattr(recipe, "bos", False)
+    probe_every = getattr(recipe, "probe_every", 0)
+    probes: List[Dict[str, Any]] = []
+    log.probes = probes  # type: ignore[attr-defined]
+    sequences = probe_sequences(corpus.vocab).to(device or "cpu") if probe_every else None
+    if probe_every:
+        probes.append(_probe_record(0, model, sequences))
     bar = progress(range(recipe.steps), desc=recipe.name, **({} if show_progress else {"disable": True}))
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, recipe)
-        x, y = random_batch(corpus.train, recipe.batch_size, recipe.context, g, recipe.repeat_fraction,
-                            (recipe.repeat_min, recipe.repeat_max))
+        if getattr(recipe, "repeat_random", False):
+            x, y = random_batch(corpus.train, recipe.batch_size, recipe.context, g)
+            x, y = repeat_random_tokens(x, y, len(corpus.vocab), recipe.repeat_fraction,
+                                        (recipe.repeat_min, recipe.repeat_max), g)
+        else:
+            x, y = random_batch(corpus.train, recipe.batch_size, recipe.context, g, recipe.repeat_fraction,
+                                (recipe.repeat_min, recipe.repeat_max))
+        if bos:  # the start token, then the crop: it predicts the crop's first character too
+            x, y = torch.cat([torch.full_like(x[:, :1], len(corpus.vocab)), x[:, :-1]], dim=1), x  # (B, context)
         x, y = x.to(device or "cpu"), y.to(device or "cpu")
         loss = F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())  # (B*L, V), (B*L,)
         optimizer.zero_grad(set_to_none=True)
@@ -178,6 +254,8 @@ def train_language_model(recipe: LMRecipe = RECIPE, corpus: Optional[Corpus] = N
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
         optimizer.step()
         log.losses.append(loss.item())
+        if probe_every and ((step + 1) % probe_every == 0 or step + 1 == recipe.steps):
+            probes.append(_probe_record(step + 1, model, sequences))
         if hasattr(bar, "set_postfix") and (step + 1) % 50 == 0:
             bar.set_postfix(loss=f"{sum(log.losses[-50:]) / 50:.3f}")
     log.seconds = time.perf_counter() - start
@@ -186,10 +264,11 @@ def train_language_model(recipe: LMRecipe = RECIPE, corpus: Optional[Corpus] = N
 
 @torch.no_grad()
 def evaluate_loss(model: DecoderLM, ids: torch.Tensor, context: int, max_blocks: Optional[int] = None,
-                  batch_size: int = 64) -> float:
+                  batch_size: int = 64, bos: Optional[int] = None) -> float:
     """Mean cross-entropy (nats per character) over consecutive blocks of ``context + 1`` ids of ``ids``.
 
-    Each block is read from its start, as in training; ``max_blocks`` keeps only the first blocks.
+    Each block is read from its start, as in training; ``max_blocks`` keeps only the first blocks. With ``bos``
+    (a model trained with a start token), each block of ``context`` ids is read after that token instead.
     """
     n = (len(ids) - 1) // context
     n = n if max_blocks is None else min(n, max_blocks)
@@ -198,6 +277,8 @@ def evaluate_loss(model: DecoderLM, ids: torch.Tensor, context: int, max_blocks:
     blocks = ids[: n * context + 1]
     x = blocks[:-1].view(n, context)  # (N,) -> (n, context)
     y = blocks[1:].view(n, context)
+    if bos is not None:  # [bos, c_0 .. c_{context-2}] predicts c_0 .. c_{context-1}
+        x, y = torch.cat([torch.full_like(x[:, :1], bos), x[:, :-1]], dim=1), x
     total = 0.0
     model.eval()
     for i in range(0, n, batch_size):
@@ -212,6 +293,8 @@ def save_lm_checkpoint(model: DecoderLM, log: TrainLog, recipe: LMRecipe = RECIP
     """Write ``<recipe.name>.pt`` (config + weights) and its manifest entry (with ``extra`` fields)."""
     sha = save_checkpoint(model, Path(directory) / f"{recipe.name}.pt")
     entry = {**recipe_entry(recipe, model, log, sha, every=50), **(extra or {})}
+    if getattr(log, "probes", None):
+        entry["probes"] = log.probes
     record_in_manifest(directory, recipe.name, entry)
     return entry
 
@@ -233,10 +316,11 @@ def load_or_train_language_model(directory: PathLike = CHECKPOINT_DIR, retrain: 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m attention_core.shakespeare.train [--recipe main|draft] [--steps N] [--out DIR]``: train, save."""
+    """``python -m attention_core.shakespeare.train [--recipe NAME] [--steps N] [--out DIR]``: train, save."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--recipe", choices=sorted(RECIPES) + ["kinds"], default="main",
                         help="which recipe (default: main; kinds: the four attention kinds)")
+    parser.add_argument("--probe-every", type=int, default=None, help="probe interval (experiment recipes only)")
     parser.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the recipe's)")
     parser.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder")
     args = parser.parse_args(argv)
@@ -247,11 +331,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     base = RECIPES[args.recipe]
     recipe = replace(base, steps=base.steps if args.steps is None else args.steps)
+    if args.probe_every is not None and isinstance(recipe, ExperimentRecipe):
+        recipe = replace(recipe, probe_every=args.probe_every)
     corpus = load_corpus()
     cpu_start = time.process_time()
     model, log = train_language_model(recipe, corpus)
     cpu_seconds = time.process_time() - cpu_start
-    val = evaluate_loss(model, corpus.val, recipe.context)
+    val = evaluate_loss(model, corpus.val, recipe.context,
+                        bos=len(corpus.vocab) if getattr(recipe, "bos", False) else None)
     entry = save_lm_checkpoint(model, log, recipe, args.out,
                                extra={"val_loss": round(val, 4), "train_cpu_seconds": round(cpu_seconds, 1)})
     print(f"{recipe.name}: {entry['parameters']} parameters, {log.seconds:.0f} s ({cpu_seconds:.0f} s CPU), "

@@ -1,0 +1,81 @@
+"""Running a rotary decoder past its training length with every key kept but the offsets capped.
+
+Past its training length a rotary model meets two new things at once: offsets between query and key it never saw,
+and more keys per query than it ever had. A sliding window removes both. :func:`forward_clamped_offsets` removes
+only the first: every query still attends to *every* earlier key, but a key further back than ``max_offset`` is
+scored as if it sat exactly ``max_offset`` positions back (the rectified RoPE of Su, 2023). Since a rotary score
+depends on the two positions only through their difference, the score of query ``i`` and key ``j`` is
+
+- ``rope(q_i, i) . rope(k_j, j)`` when ``i - j <= max_offset`` (as usual),
+- ``rope(q_i, max_offset) . rope(k_j, 0)`` when ``i - j > max_offset`` (the offset clamped),
+
+so the model sees no offset above ``max_offset`` and no key is dropped. With ``max_offset >= L - 1`` nothing is
+clamped and the logits are the model's own (a test checks it).
+
+It reads the weights of a :class:`~attention_core.models.language_model.DecoderLM` (embedding, blocks, read-out)
+and recomputes its forward pass with this attention; the model itself is not changed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attention_core._checks import check_positive_int, check_tensor, fmt_shape
+from attention_core.masks import causal_mask
+
+__all__ = ["clamped_offset_attention", "forward_clamped_offsets"]
+
+
+def clamped_offset_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rotary,  # noqa: ANN001
+                             max_offset: int) -> torch.Tensor:
+    """Causal self-attention with rotary positions whose query-key offsets are clamped at ``max_offset``.
+
+    Args:
+        query: (B, Hq, L, E) queries *before* the rotation.
+        key: (B, H, L, E) keys before the rotation (H divides Hq: grouped heads are repeated).
+        value: (B, H, L, Ev).
+        rotary: the model's :class:`~attention_core.positional.RotaryEmbedding` (positions ``0 .. L - 1``).
+        max_offset: the largest offset any query-key pair is scored at (>= 0).
+
+    Returns:
+        (B, Hq, L, Ev).
+    """
+    max_offset = check_positive_int(max_offset, "max_offset", allow_zero=True)
+    B, Hq, L, E = query.shape
+    H = key.shape[1]
+    if Hq % H:
+        raise ValueError(f"key has {H} heads, which must divide the query's {Hq}")
+    key, value = key.repeat_interleave(Hq // H, dim=1), value.repeat_interleave(Hq // H, dim=1)  # -> (B, Hq, L, .)
+    near = rotary.rotate(query, 0, "query") @ rotary.rotate(key, 0, "key").transpose(-2, -1)  # (B, Hq, L, L)
+    cap = min(max_offset, rotary.max_len - 1)
+    q_far = rotary.rotate(query.unsqueeze(-2), cap, "query")  # every row at position cap: (B, Hq, L, 1, E)
+    far = q_far.squeeze(-2) @ key.transpose(-2, -1)  # keys at position 0: offset = cap, (B, Hq, L, L)
+    i = torch.arange(L, device=query.device)[:, None]  # (L, 1)
+    j = torch.arange(L, device=query.device)[None, :]  # (1, L)
+    scores = torch.where(i - j <= max_offset, near, far) / math.sqrt(E)
+    scores = scores.masked_fill(~causal_mask(L, device=query.device), float("-inf"))
+    return scores.softmax(-1) @ value  # (B, Hq, L, Ev)
+
+
+@torch.no_grad()
+def forward_clamped_offsets(model, tokens: torch.Tensor, max_offset: int) -> torch.Tensor:  # noqa: ANN001
+    """Logits (B, L, V) of ``model`` (a ``DecoderLM``) on ``tokens`` (B, L) with every key kept and the rotary
+    offsets clamped at ``max_offset`` (see the module's docstring)."""
+    check_tensor(tokens, "tokens")
+    if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"tokens must be a (B, L) integer tensor, got {tokens.dtype} {fmt_shape(tokens.shape)}")
+    B, L = tokens.shape
+    x = model.embed(tokens)  # (B, L) -> (B, L, D)
+    for block in model.blocks:
+        attn = block.attn
+        h = block.norm1(x)
+        q = attn.q_proj(h).view(B, L, attn.num_heads, attn.head_dim).transpose(1, 2)  # (B, L, D) -> (B, Hq, L, E)
+        k = attn.k_proj(h).view(B, L, attn.num_kv_heads, attn.head_dim).transpose(1, 2)  # -> (B, H, L, E)
+        v = attn.v_proj(h).view(B, L, attn.num_kv_heads, attn.head_dim).transpose(1, 2)  # -> (B, H, L, E)
+        out = clamped_offset_attention(q, k, v, model.rotary, max_offset)
+        x = x + attn.out_proj(out.transpose(1, 2).reshape(B, L, -1))  # (B, Hq, L, E) -> (B, L, D)
+        x = x + block.linear2(F.gelu(block.linear1(block.norm2(x))))
+    return model.lm_head(model.norm(x))
