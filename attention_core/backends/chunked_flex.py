@@ -22,7 +22,7 @@ tile reads) -> tile loops -> ``torch.autograd.Function`` -> public function.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -32,6 +32,10 @@ __all__ = ["CHUNK_KEYS", "captured_tensors", "chunked_flex_attention"]
 #: Most keys one product reads: a (128, 1024) float32 score chunk is 512 KiB, half of a 1 MiB L2 cache, the
 #: size the chunked backend's (256, 512) tiles were chosen for.
 CHUNK_KEYS = 1024
+#: Most bytes of predicate verdicts the plan keeps for one call (float16, partial columns only), so the forward
+#: and the backward reuse them: a window of 256 at L = 16,384 needs 8 MiB. Past it, the loops evaluate the
+#: predicate again on the partial columns of each chunk.
+PLAN_MASK_BYTES = 16 << 20
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 _NEG_INF = float("-inf")
@@ -42,15 +46,24 @@ _NEG_INF = float("-inf")
 
 @dataclass
 class _Chunk:
-    """Keys one product reads: a slice [k0, k1) or gathered ``cols``, and the partial tiles inside it."""
+    """Keys one product reads: a slice [k0, k1) or gathered ``cols``, and where the mask still applies.
+
+    Columns of partial tiles that no query of the tile keeps are dropped from the chunk, columns that every query
+    keeps join the full ones (a sink column of a window mask, for one), and in a gathered chunk the still-partial
+    columns come last, so the mask touches one slice of the scores.
+    """
 
     k0: int
     k1: int
     cols: torch.Tensor | None  # (nc,) int64 when the keys are not one run; else None
-    kv_idx: torch.Tensor  # (1, 1, nc) the keys' positions, for the mods
-    partial: list = field(default_factory=list)  # [(c0, c1)] column ranges of partial tiles within the chunk
-    part_pos: torch.Tensor | None = None  # (np,) positions of the partial tiles' columns within the chunk
+    kv_idx: torch.Tensor  # (1, 1, nc) the keys' positions, for the score_mod
+    part_pos: slice | torch.Tensor | None = None  # positions of the partial columns within the chunk
     part_kv: torch.Tensor | None = None  # (1, 1, np) their key positions: the predicate's kv_idx
+    bias: torch.Tensor | None = None  # (g, bl, np) float16, 0 kept / -inf hidden, when the plan kept it
+
+    @property
+    def width(self) -> int:
+        return self.kv_idx.shape[-1]
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """Rows of ``x`` (G, S, D) that the chunk reads: (G, nc, D), a view for a slice."""
@@ -64,37 +77,63 @@ class _Chunk:
             acc.index_add_(1, self.cols, x)
 
 
-def _row_plan(partial: list[int], full: list[int], Bk: int, S: int, chunk_tiles: int, device) -> list[_Chunk]:
-    """Chunks of one query tile: its non-empty key tiles in order, ``chunk_tiles`` at most per chunk."""
+def _ranges(tiles: list[int], Bk: int, S: int, device) -> torch.Tensor:
+    """Key positions of the given tiles, in order: (n,) int64."""
+    if not tiles:
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.cat([torch.arange(t * Bk, min(S, (t + 1) * Bk), device=device) for t in tiles])
+
+
+def _as_slice(pos: torch.Tensor):
+    """``slice(a, b)`` when the sorted positions are one run a, a+1, ..., b-1; else None."""
+    n = pos.numel()
+    if n and int(pos[-1]) - int(pos[0]) == n - 1:
+        return slice(int(pos[0]), int(pos[-1]) + 1)
+    return None
+
+
+def _row_plan(partial: list[int], full: list[int], Bk: int, S: int, chunk_tiles: int, device,
+              evaluate, budget: list[int]) -> list[_Chunk]:
+    """Chunks of one query tile: its non-empty key tiles in order, ``chunk_tiles`` at most per chunk.
+
+    ``evaluate(kv)`` runs the predicate for this query tile on key positions ``kv`` (n,) and returns a bool
+    tensor broadcastable to (G, bl, n). ``budget`` ([bytes]) is how much predicate output the plan may still keep;
+    beyond it the loops evaluate the predicate again on the chunk's partial columns.
+    """
     tiles = sorted([(t, False) for t in partial] + [(t, True) for t in full])
     chunks = []
     for c in range(0, len(tiles), chunk_tiles):
         part = tiles[c:c + chunk_tiles]
-        runs = [[part[0][0], part[0][0]]]  # [first tile, last tile] of each run of consecutive tiles
-        for t, _ in part[1:]:
-            if t == runs[-1][1] + 1:
-                runs[-1][1] = t
-            else:
-                runs.append([t, t])
-        ranges = [(a * Bk, min(S, (z + 1) * Bk)) for a, z in runs]
-        if len(ranges) == 1:
-            cols = None
-            kv = torch.arange(ranges[0][0], ranges[0][1], device=device)
-        else:
-            kv = cols = torch.cat([torch.arange(a, z, device=device) for a, z in ranges])
-        chunk = _Chunk(ranges[0][0], ranges[-1][1], cols, kv.view(1, 1, -1))
-        pos = 0
-        for t, is_full in part:
-            width = min(S, (t + 1) * Bk) - t * Bk
-            if not is_full:
-                chunk.partial.append((pos, pos + width))
-            pos += width
-        if chunk.partial:
-            if len(chunk.partial) == 1:  # one partial tile: a slice, no index tensor
-                chunk.part_pos = slice(*chunk.partial[0])
-            else:
-                chunk.part_pos = torch.cat([torch.arange(c0, c1, device=device) for c0, c1 in chunk.partial])
-            chunk.part_kv = chunk.kv_idx[..., chunk.part_pos]
+        full_kv = _ranges([t for t, f in part if f], Bk, S, device)
+        part_kv = _ranges([t for t, f in part if not f], Bk, S, device)
+        hidden = None
+        if part_kv.numel():  # one predicate call over the chunk's partial tiles
+            keep = evaluate(part_kv)  # (G or 1, bl or 1, np)
+            keep = keep.expand(torch.broadcast_shapes(keep.shape, (1, 1, part_kv.numel())))
+            flat = keep.reshape(-1, keep.shape[-1])  # (rows, np)
+            some, every = flat.any(0), flat.all(0)  # (np,) kept by some query / by every query
+            still = some & ~every
+            full_kv = torch.cat([full_kv, part_kv[every]]).sort().values
+            part_kv, hidden = part_kv[still], keep[..., still]
+        if full_kv.numel() + part_kv.numel() == 0:
+            continue  # every pair of the chunk is masked
+        run = _as_slice(torch.cat([full_kv, part_kv]).sort().values)
+        if run is not None:  # one run of keys: a view, the partial columns where they fall
+            cols, kv = None, torch.arange(run.start, run.stop, device=device)
+            pos = part_kv - run.start
+            k0, k1 = run.start, run.stop
+        else:  # gathered: full columns first, then the partial ones as one slice
+            kv = cols = torch.cat([full_kv, part_kv])
+            pos = torch.arange(full_kv.numel(), kv.numel(), device=device)
+            k0, k1 = int(kv.min()), int(kv.max()) + 1
+        chunk = _Chunk(k0, k1, cols, kv.view(1, 1, -1))
+        if part_kv.numel():
+            chunk.part_pos = _as_slice(pos) or pos
+            chunk.part_kv = part_kv.view(1, 1, -1)
+            if budget[0] >= hidden.numel() * 2:  # float16: 0 and -inf are exact in every dtype
+                budget[0] -= hidden.numel() * 2
+                chunk.bias = torch.zeros(hidden.shape, dtype=torch.float16, device=device).masked_fill_(
+                    ~hidden, _NEG_INF)
         chunks.append(chunk)
     return chunks
 
@@ -103,6 +142,7 @@ class _Plan:
     """For each group of (batch, head) pairs sharing one mask entry: index grids and each query tile's chunks."""
 
     def __init__(self, block_mask, B: int, H: int, L: int, S: int, chunk_keys: int, device):
+        # the predicate runs here, once per query tile on its partial tiles; the loops reuse what it said
         from attention_core.flex_attention import BLOCK_SIZE
 
         if block_mask is None:  # every tile full, no predicate
@@ -121,6 +161,7 @@ class _Plan:
             self.mask_mod = block_mask.mask_mod
         self.Bq = Bq
         chunk_tiles = max(1, chunk_keys // Bk)
+        budget = [PLAN_MASK_BYTES]
         self.groups = []
         for (bm, hm), tiles in rows.items():
             bs = slice(None) if Bm == 1 else slice(bm, bm + 1)
@@ -130,7 +171,15 @@ class _Plan:
             nb, nh = len(b_idx), len(h_idx)
             b_idx = b_idx.view(nb, 1).expand(nb, nh).reshape(-1, 1, 1)  # (G, 1, 1)
             h_idx = h_idx.view(1, nh).expand(nb, nh).reshape(-1, 1, 1)  # (G, 1, 1)
-            plan = [_row_plan(p, f, Bk, S, chunk_tiles, device) for p, f in tiles]
+            positions = torch.arange(L, device=device).view(1, L, 1)  # (1, L, 1) query positions
+            plan = []
+            for r, (p, f) in enumerate(tiles):
+                q_idx = positions[:, r * Bq:min(L, (r + 1) * Bq)]  # (1, bl, 1)
+
+                def evaluate(kv, q_idx=q_idx, b_idx=b_idx, h_idx=h_idx):
+                    return self.mask_mod(b_idx, h_idx, q_idx, kv.view(1, 1, -1))
+
+                plan.append(_row_plan(p, f, Bk, S, chunk_tiles, device, evaluate, budget))
             self.groups.append(((bs, hs), b_idx, h_idx, plan))
 
 
@@ -154,18 +203,34 @@ class _Run:
     def exp_(self, x: torch.Tensor) -> torch.Tensor:
         return x.exp_() if self.natural else x.exp2_()
 
-    def mask_(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
-        """Hide the pairs the predicate removes, in place: one evaluation on the partial tiles' columns only."""
-        if chunk.part_kv is None:
-            return s
-        hidden = ~self.plan.mask_mod(b_idx, h_idx, q_idx, chunk.part_kv)  # (G or 1, bl or 1, np)
+    def bias(self, chunk: _Chunk, b_idx, h_idx, q_idx, dtype) -> torch.Tensor | None:
+        """(G or 1, bl, nc): 0 where the pair takes part, -inf where the predicate hides it; None for no mask.
+
+        Added to the scores (inside the score product when there is no score_mod): an addition broadcast over
+        the heads costs a tenth of ``masked_fill_`` with a broadcast mask on this CPU.
+        """
+        if chunk.part_pos is None:
+            return None
+        hidden = chunk.bias
+        if hidden is None:  # the plan ran out of room to keep it: the predicate again, on these columns only
+            keep = self.plan.mask_mod(b_idx, h_idx, q_idx, chunk.part_kv)  # (G or 1, bl or 1, np)
+            hidden = torch.where(keep, 0.0, _NEG_INF)
+        out = torch.zeros(hidden.shape[0], q_idx.shape[1], chunk.width, dtype=dtype, device=q_idx.device)
         if isinstance(chunk.part_pos, slice):
-            s[:, :, chunk.part_pos].masked_fill_(hidden, _NEG_INF)
-        else:  # scatter the partial columns' verdicts into a chunk-wide mask
-            full = torch.zeros(*hidden.shape[:-1], s.shape[-1], dtype=torch.bool, device=s.device)
-            full[..., chunk.part_pos] = hidden
-            s.masked_fill_(full, _NEG_INF)
-        return s
+            out[..., chunk.part_pos] = hidden
+        else:
+            out.index_copy_(2, chunk.part_pos, hidden.to(dtype).expand(*out.shape[:2], -1))
+        return out
+
+    def scores(self, qs, kc, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
+        """A chunk's scores (G, bl, nc): the product, the score_mod, the mask; a fresh tensor (in-place safe)."""
+        bias = self.bias(chunk, b_idx, h_idx, q_idx, qs.dtype)
+        if self.score_mod is None:
+            if bias is None:
+                return torch.bmm(qs, kc.transpose(1, 2))  # (G, bl, E) @ (G, E, nc) -> (G, bl, nc)
+            return torch.baddbmm(bias.expand(qs.shape[0], -1, -1), qs, kc.transpose(1, 2))
+        s = self.modded(torch.bmm(qs, kc.transpose(1, 2)), chunk, b_idx, h_idx, q_idx).clone()
+        return s if bias is None else s.add_(bias)
 
     def modded(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
         """The score_mod applied to a chunk of scores (G, bl, nc); a new tensor of that shape."""
@@ -189,10 +254,7 @@ def _forward(run: _Run, q, k, v, out, lse) -> None:
             # time so that the forward's extra memory stays a few tiles
             q_idx, qs = rows[:, r0:r1], qg[:, r0:r1] * run.scale2
             for i, chunk in enumerate(chunks):
-                s = torch.bmm(qs, chunk.take(kg).transpose(1, 2))  # (G, bl, E) @ (G, E, nc) -> (G, bl, nc)
-                if run.score_mod is not None:
-                    s = run.modded(s, chunk, b_idx, h_idx, q_idx).clone()
-                run.mask_(s, chunk, b_idx, h_idx, q_idx)
+                s = run.scores(qs, chunk.take(kg), chunk, b_idx, h_idx, q_idx)  # (G, bl, nc)
                 if i == 0:  # the first chunk starts the running sums (no rescaling)
                     m = s.amax(-1, keepdim=True).clamp_min_(lowest)  # lowest, not -inf: exp(-inf - m) = 0
                     p = run.exp_(s.sub_(m))  # (G, bl, nc), in place: the scores are not needed again
@@ -237,13 +299,15 @@ def _backward(run: _Run, q, k, v, out, lse, grad_out, captured):
             for chunk in chunks:
                 kc, vc = chunk.take(kg), chunk.take(vg)  # (G, nc, E), (G, nc, Ev)
                 if run.score_mod is None:
-                    s = torch.bmm(qs, kc.transpose(1, 2))  # (G, bl, nc)
+                    s = run.scores(qs, kc, chunk, b_idx, h_idx, q_idx)  # (G, bl, nc)
                 else:
                     with torch.enable_grad():
                         raw = torch.bmm(qs, kc.transpose(1, 2)).requires_grad_()
                         modded = run.modded(raw, chunk, b_idx, h_idx, q_idx)
                     s = modded.detach().clone()
-                run.mask_(s, chunk, b_idx, h_idx, q_idx)
+                    bias = run.bias(chunk, b_idx, h_idx, q_idx, s.dtype)
+                    if bias is not None:
+                        s.add_(bias)
                 p = run.exp_(s.sub_(lse_t))  # (G, bl, nc), recomputed from the saved log-sum-exp
                 chunk.add_into(dvg, torch.bmm(p.transpose(1, 2), do))  # (G, nc, bl) @ (G, bl, Ev)
                 ds = torch.bmm(do, vc.transpose(1, 2)).sub_(delta).mul_(p)  # dS = P * (dP - delta), (G, bl, nc)
