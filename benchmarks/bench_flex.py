@@ -12,7 +12,10 @@ Masks (each as a ``mask_mod``, :mod:`attention_core.mask_mods`):
 Providers, timed on the same inputs:
 
 - ``flex``: ``flex_attention(q, k, v, block_mask=create_block_mask(mod, ...))``, 128-tiles (the block mask is
-  made once, outside the timing, as one does per batch shape; its creation time is recorded beside);
+  made once, outside the timing, as one does per batch shape; its creation time is recorded beside, and so is
+  the time of the plan the chunked backend makes on the first call and keeps on the block mask: which key
+  columns each query block reads, and the predicate's verdicts on partial tiles; the warm-up call makes it,
+  as the gather's index lists are made before its timing);
 - ``sdpa_dense``: ``F.scaled_dot_product_attention`` given the equivalent dense (L, S) bool mask;
 - ``chunked_is_causal`` (causal only): the chunked backend's own ``is_causal`` path;
 - ``gather`` (sinks_window only): the hand-written special case, each 256-query block's sinks and window
@@ -32,7 +35,7 @@ a fresh process, against a dense (L, S) float32 mask).
 
 The committed run (two invocations, the second adds to the first's JSON)::
 
-    nice -n 0 python benchmarks/bench_flex.py --lengths 4096 8192 --window-sweep --memory
+    nice -n 0 python benchmarks/bench_flex.py --lengths 4096 8192 --torch-flex --window-sweep --memory
     nice -n 0 python benchmarks/bench_flex.py --lengths 16384 --rounds 3 --append
 
 writes ``benchmarks/results/flex_cpu.json`` and ``flex_cpu.png``.
@@ -62,6 +65,7 @@ from bench_chunked_cpu import git_revision, interleaved, machine  # noqa: E402
 
 import attention_core.mask_mods as mm  # noqa: E402
 from attention_core.backends.chunked import chunked_attention  # noqa: E402
+from attention_core.backends.chunked_flex import CHUNK_KEYS, MAX_ROWS, _plan_for  # noqa: E402
 from attention_core.flex_attention import create_block_mask, flex_attention  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -129,6 +133,9 @@ def measure(L: int, rounds: int, modes, with_torch_flex: bool) -> list:
         t0 = time.perf_counter()
         bm = create_block_mask(mod, None, None, L, L)
         create_s = time.perf_counter() - t0
+        t0 = time.perf_counter()  # the chunked backend's plan, made on the first call and kept on the block mask
+        _plan_for(bm, B, H, L, L, CHUNK_KEYS, torch.device("cpu"), MAX_ROWS)
+        plan_s = time.perf_counter() - t0
         dense = mm.dense_mask(mod, 1, 1, L, L)  # (1, 1, L, S) bool
         providers = {"flex": lambda q, k, v, bm=bm: flex_attention(q, k, v, block_mask=bm),
                      "sdpa_dense": lambda q, k, v, m=dense: F.scaled_dot_product_attention(q, k, v, attn_mask=m)}
@@ -166,15 +173,24 @@ def measure(L: int, rounds: int, modes, with_torch_flex: bool) -> list:
                 "median_ms": med, "cpu_median_ms": {p: statistics.median(ts) for p, ts in cpu.items()},
                 "speedup_vs_sdpa_dense": {p: med["sdpa_dense"] / t for p, t in med.items()},
                 "nonempty_tiles": bm.nonempty_tiles(), "total_tiles": bm.kv_indices.numel(),
-                "block_mask_create_s": create_s, "not_run": not_run, "loadavg": [load0, os.getloadavg()],
+                "block_mask_create_s": create_s, "plan_s": plan_s, "not_run": not_run,
+                "loadavg": [load0, os.getloadavg()],
             }
+            cpu_med = point["cpu_median_ms"]
+            # the same ratios in process CPU time (one thread: the time the call really ran), a cross-check
+            # that a load spike on this shared machine did not make them
             if "chunked_is_causal" in med:
                 point["flex_over_is_causal"] = med["flex"] / med["chunked_is_causal"]
+                point["cpu_flex_over_is_causal"] = cpu_med["flex"] / cpu_med["chunked_is_causal"]
             if "gather" in med:
                 point["flex_over_gather"] = med["flex"] / med["gather"]
+                point["cpu_flex_over_gather"] = cpu_med["flex"] / cpu_med["gather"]
             points.append(point)
+            extra = "".join(f"  flex/{b} {point[f'flex_over_{b}']:.3f} (cpu {point[f'cpu_flex_over_{b}']:.3f})"
+                            for b in ("is_causal", "gather") if f"flex_over_{b}" in point)
             print(f"{name:13s} {mode:7s} L={L:6d} " + "  ".join(f"{p} {t:9.1f} ms" for p, t in med.items())
-                  + f"  | flex {point['speedup_vs_sdpa_dense']['flex']:.2f}x sdpa_dense", flush=True)
+                  + f"  | flex {point['speedup_vs_sdpa_dense']['flex']:.2f}x sdpa_dense{extra} "
+                  f"| load {load0[0]:.1f}", flush=True)
     return points
 
 

@@ -6,10 +6,16 @@ output ``acc``; the backward recomputes each tile from the saved log-sum-exp), d
 
 - a query tile visits only the key tiles the block mask lists for it, full ones and partial ones, in key
   order; an **empty** tile is never read, so a window of 256 keys costs the same at L = 8,192 as at 512;
-- the keys of consecutive tiles are read as one slice (a causal row, or a window, is one run of tiles; the
-  sinks' tile before it is a second run, gathered with ``index_select``), up to ``chunk_keys`` keys per
-  product, so each step of the Python loop moves a large matrix product rather than one small tile;
-- a **full** tile takes no mask; a **partial** tile evaluates ``mask_mod`` on its own (Bq, Bk) pairs only;
+- the keys of consecutive tiles are read as one slice (a causal row is one run of tiles; a window's sinks are
+  a second run, and the chunk is gathered with ``index_select``), up to ``chunk_keys`` keys per product, so each
+  step of the Python loop moves a large matrix product rather than one small tile;
+- a **full** tile takes no mask; the predicate runs once, when the block mask is first used at a shape, on the
+  **partial** tiles' pairs only, and its verdicts are kept (as float16 biases of 0 and -inf, equal ones shared)
+  for the next calls and the backward. Columns no query of the tile keeps are dropped (a window's sinks tile
+  costs its 4 sinks, not 128 keys), columns every query keeps join the full ones, and the rest take the bias
+  inside the score product (``baddbmm``), which costs nothing over the product itself;
+- neighbouring query tiles that read nearly the same key tiles (causal) are merged into blocks of 256 rows,
+  the chunked backend's query tile: fewer, larger products;
 - a ``score_mod`` edits each chunk's scores (natural units: the mod sees ``scale * q.k``, as in PyTorch); its
   derivative, and the gradients of tensors it captured (a bias table, ALiBi slopes), come from autograd on
   that one chunk in the backward, so memory stays O(chunk).
@@ -22,16 +28,27 @@ tile reads) -> tile loops -> ``torch.autograd.Function`` -> public function.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
 
 __all__ = ["CHUNK_KEYS", "captured_tensors", "chunked_flex_attention"]
 
-#: Most keys one product reads: a (128, 1024) float32 score chunk is 512 KiB, half of a 1 MiB L2 cache, the
-#: size the chunked backend's (256, 512) tiles were chosen for.
-CHUNK_KEYS = 1024
+#: Most keys one product reads: a (256, 512) float32 score chunk of one head is 512 KiB, half of a 1 MiB L2
+#: cache, the chunked backend's tile (measured at L = 4,096-16,384, causal: 1,024 keys were 5-15% slower
+#: forward + backward once query tiles are merged into 256 rows).
+CHUNK_KEYS = 512
+#: Most bytes of predicate verdicts the plan keeps for one call (float16, partial columns only), so the forward
+#: and the backward reuse them: a window of 256 at L = 16,384 needs 8 MiB. Past it, the loops evaluate the
+#: predicate again on the partial columns of each chunk.
+PLAN_MASK_BYTES = 16 << 20
+#: Merge consecutive query tiles into one block when the block's products cost at most this many times the
+#: pairs of their non-empty tiles (causal neighbours r, r + 1: (2r + 4) / (2r + 3) tiles, merged; a window's
+#: neighbours: 1.25, not merged, which measured 15-20% faster for a window of 256 at L = 8,192).
+MERGE_WASTE = 1.2
+#: Most query rows of a merged block (two 128-row tiles: the chunked backend's 256-row query tile).
+MAX_ROWS = 256
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 _NEG_INF = float("-inf")
@@ -42,15 +59,30 @@ _NEG_INF = float("-inf")
 
 @dataclass
 class _Chunk:
-    """Keys one product reads: a slice [k0, k1) or gathered ``cols``, and the partial tiles inside it."""
+    """Keys one product reads, a slice [k0, k1) or gathered ``cols``, and where the mask still applies.
+
+    Columns that no query of the chunk keeps are dropped, columns that every query keeps join the full ones (a
+    sink column of a window mask, for one), and in a gathered chunk the still-masked columns come last, so the
+    mask touches one slice of the scores.
+    """
 
     k0: int
     k1: int
     cols: torch.Tensor | None  # (nc,) int64 when the keys are not one run; else None
-    kv_idx: torch.Tensor  # (1, 1, nc) the keys' positions, for the mods
-    partial: list = field(default_factory=list)  # [(c0, c1)] column ranges of partial tiles within the chunk
-    part_pos: torch.Tensor | None = None  # (np,) positions of the partial tiles' columns within the chunk
-    part_kv: torch.Tensor | None = None  # (1, 1, np) their key positions: the predicate's kv_idx
+    width: int  # nc
+    device: torch.device
+    part_pos: slice | torch.Tensor | None = None  # positions of the masked columns within the chunk
+    bias: torch.Tensor | None = None  # (g, bl, np) float16, 0 kept / -inf hidden, when the plan kept it
+    verdicts: object = None  # else: a function that evaluates the predicate again -> (g, bl, np) bool
+    _kv: torch.Tensor | None = None
+
+    @property
+    def kv_idx(self) -> torch.Tensor:
+        """(1, 1, nc) the keys' positions, for the score_mod (made when first asked for)."""
+        if self._kv is None:
+            kv = torch.arange(self.k0, self.k1, device=self.device) if self.cols is None else self.cols
+            self._kv = kv.view(1, 1, -1)
+        return self._kv
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """Rows of ``x`` (G, S, D) that the chunk reads: (G, nc, D), a view for a slice."""
@@ -64,45 +96,130 @@ class _Chunk:
             acc.index_add_(1, self.cols, x)
 
 
-def _row_plan(partial: list[int], full: list[int], Bk: int, S: int, chunk_tiles: int, device) -> list[_Chunk]:
-    """Chunks of one query tile: its non-empty key tiles in order, ``chunk_tiles`` at most per chunk."""
-    tiles = sorted([(t, False) for t in partial] + [(t, True) for t in full])
-    chunks = []
-    for c in range(0, len(tiles), chunk_tiles):
-        part = tiles[c:c + chunk_tiles]
-        runs = [[part[0][0], part[0][0]]]  # [first tile, last tile] of each run of consecutive tiles
-        for t, _ in part[1:]:
-            if t == runs[-1][1] + 1:
-                runs[-1][1] = t
-            else:
-                runs.append([t, t])
-        ranges = [(a * Bk, min(S, (z + 1) * Bk)) for a, z in runs]
-        if len(ranges) == 1:
-            cols = None
-            kv = torch.arange(ranges[0][0], ranges[0][1], device=device)
+def _tile_range(t: int, Bk: int, S: int) -> tuple[int, int]:
+    return t * Bk, min(S, (t + 1) * Bk)
+
+
+def _ranges(tiles: list[int], Bk: int, S: int, device) -> torch.Tensor:
+    """Key positions of the given tiles, in order: (n,) int64."""
+    if not tiles:
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.cat([torch.arange(*_tile_range(t, Bk, S), device=device) for t in tiles])
+
+
+def _verdicts(sub, mixed: list[int], Bk: int, S: int, evaluate, device) -> torch.Tensor:
+    """(g, rows, n) bool: which pairs of the merged query tiles ``sub`` and the key tiles ``mixed`` take part.
+
+    Per query tile, a key tile it holds full is all True, one it does not hold all False, and the predicate runs
+    once, on that query tile's partial tiles among ``mixed`` only.
+    """
+    widths = [_tile_range(t, Bk, S)[1] - _tile_range(t, Bk, S)[0] for t in mixed]
+    offsets = [sum(widths[:j]) for j in range(len(mixed))]
+    said = []
+    for r, bl, partial, _ in sub:
+        mine = [t for t in mixed if t in partial]
+        if mine:
+            kv = _ranges(mine, Bk, S, device)
+            res = evaluate(r, kv)  # (G or 1, bl or 1, n_r)
+            said.append(res.expand(torch.broadcast_shapes(res.shape, (1, bl, kv.numel()))))
         else:
-            kv = cols = torch.cat([torch.arange(a, z, device=device) for a, z in ranges])
-        chunk = _Chunk(ranges[0][0], ranges[-1][1], cols, kv.view(1, 1, -1))
+            said.append(None)
+    g = max((x.shape[0] for x in said if x is not None), default=1)
+    rows = sum(bl for _, bl, _, _ in sub)
+    keep = torch.zeros(g, rows, sum(widths), dtype=torch.bool, device=device)
+    row0 = 0
+    for (_, bl, partial, full), res in zip(sub, said):
         pos = 0
-        for t, is_full in part:
-            width = min(S, (t + 1) * Bk) - t * Bk
-            if not is_full:
-                chunk.partial.append((pos, pos + width))
-            pos += width
-        if chunk.partial:
-            if len(chunk.partial) == 1:  # one partial tile: a slice, no index tensor
-                chunk.part_pos = slice(*chunk.partial[0])
+        for t, w, off in zip(mixed, widths, offsets):
+            if t in full:
+                keep[:, row0:row0 + bl, off:off + w] = True
+            elif t in partial:
+                keep[:, row0:row0 + bl, off:off + w] = res[..., pos:pos + w]
+                pos += w
+        row0 += bl
+    return keep
+
+
+def _as_slice(pos: torch.Tensor):
+    """``slice(a, b)`` when the sorted positions are one run a, a+1, ..., b-1; else None."""
+    n = pos.numel()
+    if n and int(pos[-1]) - int(pos[0]) == n - 1:
+        return slice(int(pos[0]), int(pos[-1]) + 1)
+    return None
+
+
+def _super_row_plan(sub, Bk: int, S: int, chunk_tiles: int, device, evaluate, keep_bias) -> list[_Chunk]:
+    """Chunks of one block of query tiles ``sub`` [(r, rows, partial set, full set)]: the union of their key
+    tiles in order, ``chunk_tiles`` at most per chunk. A key tile full for every query tile of the block takes
+    no mask; the others (partial for some, or full for one and empty for another) take a bias.
+
+    ``evaluate(r, kv)`` runs the predicate for query tile ``r`` on key positions ``kv``; ``keep_bias(bias)``
+    returns the tensor to keep (an equal one kept before, if any), or None past the budget.
+    """
+    union = sorted(set().union(*(p | f for _, _, p, f in sub)))
+    everywhere = set.intersection(*(f for _, _, _, f in sub))
+    chunks = []
+    for c in range(0, len(union), chunk_tiles):
+        part = union[c:c + chunk_tiles]
+        full = [t for t in part if t in everywhere]
+        mixed = [t for t in part if t not in everywhere]
+        runs: list[list[int]] = []  # [start, stop) key ranges of the full tiles, consecutive ones merged
+        for t in full:
+            a, z = _tile_range(t, Bk, S)
+            if runs and runs[-1][1] == a:
+                runs[-1][1] = z
             else:
-                chunk.part_pos = torch.cat([torch.arange(c0, c1, device=device) for c0, c1 in chunk.partial])
-            chunk.part_kv = chunk.kv_idx[..., chunk.part_pos]
+                runs.append([a, z])
+        n_full = sum(z - a for a, z in runs)
+        still = keep = None
+        promoted = part_kv = torch.empty(0, dtype=torch.long, device=device)
+        if mixed:
+            mixed_kv = _ranges(mixed, Bk, S, device)
+            keep = _verdicts(sub, mixed, Bk, S, evaluate, device)  # (g, rows, n_mixed)
+            flat = keep.reshape(-1, keep.shape[-1])
+            some, every = flat.any(0), flat.all(0)  # (n_mixed,): kept by some query / by every query
+            still = some & ~every
+            promoted, part_kv = mixed_kv[every], mixed_kv[still]
+        n = n_full + promoted.numel() + part_kv.numel()
+        if n == 0:
+            continue  # every pair of the chunk is masked
+        lo = min([a for a, _ in runs] + [int(x[0]) for x in (promoted, part_kv) if x.numel()])
+        hi = max([z for _, z in runs] + [int(x[-1]) + 1 for x in (promoted, part_kv) if x.numel()])
+        if hi - lo == n:  # one run of keys: a view, the masked columns where they fall
+            chunk = _Chunk(lo, hi, None, n, device)
+            pos = part_kv - lo
+        else:  # gathered: the full columns first, then the masked ones as one slice
+            cols = torch.cat([torch.arange(a, z, device=device) for a, z in runs] + [promoted, part_kv])
+            chunk = _Chunk(int(cols.min()), int(cols.max()) + 1, cols, n, device)
+            pos = torch.arange(n - part_kv.numel(), n, device=device)
+        if part_kv.numel():
+            chunk.part_pos = _as_slice(pos) or pos
+            bias = torch.zeros(keep.shape[0], keep.shape[1], part_kv.numel(), dtype=torch.float16, device=device)
+            chunk.bias = keep_bias(bias.masked_fill_(~keep[..., still], _NEG_INF))
+            if chunk.bias is None:
+                chunk.verdicts = functools.partial(_still_verdicts, sub, mixed, Bk, S, evaluate, device, still)
         chunks.append(chunk)
     return chunks
 
 
-class _Plan:
-    """For each group of (batch, head) pairs sharing one mask entry: index grids and each query tile's chunks."""
+def _still_verdicts(sub, mixed, Bk, S, evaluate, device, still) -> torch.Tensor:
+    return _verdicts(sub, mixed, Bk, S, evaluate, device)[..., still]
 
-    def __init__(self, block_mask, B: int, H: int, L: int, S: int, chunk_keys: int, device):
+
+class _Plan:
+    """For each group of (batch, head) pairs sharing one mask entry: index grids, and for each block of query
+    tiles its rows and chunks.
+
+    The predicate runs here, once per call and only on partial tiles; the loops reuse its verdicts, kept as
+    float16 biases (consecutive blocks with the same pattern share one tensor, so a window or a causal mask
+    keeps a handful), up to :data:`PLAN_MASK_BYTES`.
+
+    Consecutive query tiles are merged into one block of up to ``max_rows`` rows when their key tiles mostly
+    coincide (at most :data:`MERGE_WASTE` times the pairs of their non-empty tiles): the products are then
+    larger, and there are fewer of them. A merged block masks what one of its tiles does not read.
+    """
+
+    def __init__(self, block_mask, B: int, H: int, L: int, S: int, chunk_keys: int, device, max_rows: int):
         from attention_core.flex_attention import BLOCK_SIZE
 
         if block_mask is None:  # every tile full, no predicate
@@ -119,8 +236,8 @@ class _Plan:
             rows = {(b, h): [(idx[b][h][r][:num[b][h][r]], fidx[b][h][r][:fnum[b][h][r]])
                              for r in range(len(num[b][h]))] for b in range(Bm) for h in range(Hm)}
             self.mask_mod = block_mask.mask_mod
-        self.Bq = Bq
         chunk_tiles = max(1, chunk_keys // Bk)
+        budget = [PLAN_MASK_BYTES]
         self.groups = []
         for (bm, hm), tiles in rows.items():
             bs = slice(None) if Bm == 1 else slice(bm, bm + 1)
@@ -130,8 +247,67 @@ class _Plan:
             nb, nh = len(b_idx), len(h_idx)
             b_idx = b_idx.view(nb, 1).expand(nb, nh).reshape(-1, 1, 1)  # (G, 1, 1)
             h_idx = h_idx.view(1, nh).expand(nb, nh).reshape(-1, 1, 1)  # (G, 1, 1)
-            plan = [_row_plan(p, f, Bk, S, chunk_tiles, device) for p, f in tiles]
+            positions = torch.arange(L, device=device).view(1, L, 1)  # (1, L, 1) query positions
+
+            def evaluate(r, kv, b_idx=b_idx, h_idx=h_idx, positions=positions):
+                q_idx = positions[:, r * Bq:min(L, (r + 1) * Bq)]  # (1, bl, 1)
+                return self.mask_mod(b_idx, h_idx, q_idx, kv.view(1, 1, -1))
+
+            previous: dict[tuple, list] = {}  # shape -> the last few biases kept of that shape
+
+            def keep_bias(bias, previous=previous):
+                recent = previous.setdefault(tuple(bias.shape), [])
+                for old in recent:
+                    if torch.equal(old, bias):
+                        return old
+                if budget[0] < bias.numel() * bias.element_size():
+                    return None
+                budget[0] -= bias.numel() * bias.element_size()
+                recent.insert(0, bias)
+                del recent[4:]
+                return bias
+
+            plan = []
+            for block in _merge(tiles, Bq, L, max_rows):
+                sub = [(r, min(L, (r + 1) * Bq) - r * Bq, set(tiles[r][0]), set(tiles[r][1])) for r in block]
+                r0, r1 = block[0] * Bq, min(L, (block[-1] + 1) * Bq)
+                plan.append((r0, r1, _super_row_plan(sub, Bk, S, chunk_tiles, device, evaluate, keep_bias)))
             self.groups.append(((bs, hs), b_idx, h_idx, plan))
+
+
+def _plan_for(block_mask, B: int, H: int, L: int, S: int, chunk_keys: int, device, max_rows: int) -> _Plan:
+    """The plan of ``block_mask`` for these shapes, made on the first call and kept on the block mask.
+
+    A block mask is a snapshot of its ``mask_mod`` (its tile states were computed when it was created), and the
+    plan holds the predicate's verdicts on the partial tiles of that snapshot: the next call with the same
+    block mask (the next layer, the next step) reuses them, as the indices, instead of running the predicate
+    again. Make a new block mask when the tensors a ``mask_mod`` reads change.
+    """
+    if block_mask is None:
+        return _Plan(None, B, H, L, S, chunk_keys, device, max_rows)
+    plans = block_mask.__dict__.setdefault("_chunked_plans", {})  # frozen dataclass: its fields stay as they are
+    key = (B, H, L, S, chunk_keys, str(device), max_rows, MERGE_WASTE)
+    if key not in plans:
+        if len(plans) >= 4:  # a few shapes at most (a block mask serves one shape, or a few batch sizes)
+            plans.pop(next(iter(plans)))
+        plans[key] = _Plan(block_mask, B, H, L, S, chunk_keys, device, max_rows)
+    return plans[key]
+
+
+def _merge(tiles, Bq: int, L: int, max_rows: int) -> list[list[int]]:
+    """Consecutive query tiles in blocks of at most ``max_rows`` rows whose union of key tiles costs at most
+    :data:`MERGE_WASTE` times their own non-empty tiles."""
+    blocks: list[list[int]] = []
+    for r, (p, f) in enumerate(tiles):
+        if blocks and (len(blocks[-1]) + 1) * Bq <= max_rows and p + f:
+            cand = blocks[-1] + [r]
+            own = sum(len(tiles[i][0]) + len(tiles[i][1]) for i in cand)
+            union = set().union(*(set(tiles[i][0]) | set(tiles[i][1]) for i in cand))
+            if own and len(union) * len(cand) <= MERGE_WASTE * own:
+                blocks[-1] = cand
+                continue
+        blocks.append([r])
+    return blocks
 
 
 def _take(x: torch.Tensor, sel) -> torch.Tensor:
@@ -154,18 +330,33 @@ class _Run:
     def exp_(self, x: torch.Tensor) -> torch.Tensor:
         return x.exp_() if self.natural else x.exp2_()
 
-    def mask_(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
-        """Hide the pairs the predicate removes, in place: one evaluation on the partial tiles' columns only."""
-        if chunk.part_kv is None:
-            return s
-        hidden = ~self.plan.mask_mod(b_idx, h_idx, q_idx, chunk.part_kv)  # (G or 1, bl or 1, np)
+    def bias(self, chunk: _Chunk, b_idx, h_idx, q_idx, dtype) -> torch.Tensor | None:
+        """(G or 1, bl, nc): 0 where the pair takes part, -inf where the predicate hides it; None for no mask.
+
+        Added to the scores (inside the score product when there is no score_mod): an addition broadcast over
+        the heads costs a tenth of ``masked_fill_`` with a broadcast mask on this CPU.
+        """
+        if chunk.part_pos is None:
+            return None
+        hidden = chunk.bias
+        if hidden is None:  # the plan ran out of room to keep it: the predicate again, on the partial tiles only
+            hidden = torch.where(chunk.verdicts(), 0.0, _NEG_INF)  # (g, bl, np)
+        out = torch.zeros(hidden.shape[0], q_idx.shape[1], chunk.width, dtype=dtype, device=q_idx.device)
         if isinstance(chunk.part_pos, slice):
-            s[:, :, chunk.part_pos].masked_fill_(hidden, _NEG_INF)
-        else:  # scatter the partial columns' verdicts into a chunk-wide mask
-            full = torch.zeros(*hidden.shape[:-1], s.shape[-1], dtype=torch.bool, device=s.device)
-            full[..., chunk.part_pos] = hidden
-            s.masked_fill_(full, _NEG_INF)
-        return s
+            out[..., chunk.part_pos] = hidden
+        else:
+            out.index_copy_(2, chunk.part_pos, hidden.to(dtype).expand(*out.shape[:2], -1))
+        return out
+
+    def scores(self, qs, kc, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
+        """A chunk's scores (G, bl, nc): the product, the score_mod, the mask; a fresh tensor (in-place safe)."""
+        bias = self.bias(chunk, b_idx, h_idx, q_idx, qs.dtype)
+        if self.score_mod is None:
+            if bias is None:
+                return torch.bmm(qs, kc.transpose(1, 2))  # (G, bl, E) @ (G, E, nc) -> (G, bl, nc)
+            return torch.baddbmm(bias.expand(qs.shape[0], -1, -1), qs, kc.transpose(1, 2))
+        s = self.modded(torch.bmm(qs, kc.transpose(1, 2)), chunk, b_idx, h_idx, q_idx).clone()
+        return s if bias is None else s.add_(bias)
 
     def modded(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
         """The score_mod applied to a chunk of scores (G, bl, nc); a new tensor of that shape."""
@@ -181,18 +372,14 @@ def _forward(run: _Run, q, k, v, out, lse) -> None:
         qg, kg, vg = _take(q, sel), _take(k, sel), _take(v, sel)  # (G, L, E), (G, S, E), (G, S, Ev)
         og, lg = _take(out, sel), _take(lse, sel)  # (G, L, Ev), (G, L, 1): views of the zeros / +inf below
         rows = torch.arange(L, device=q.device).view(1, L, 1)
-        for r, chunks in enumerate(plan):
+        for r0, r1, chunks in plan:
             if not chunks:
-                continue  # a query tile that reads nothing: zeros, lse +inf
-            r0, r1 = r * run.plan.Bq, min(L, (r + 1) * run.plan.Bq)
+                continue  # query rows that read nothing: zeros, lse +inf
             # (1, bl, 1) positions, and the tile's queries times scale (and log2 e): (G, bl, E), one tile at a
             # time so that the forward's extra memory stays a few tiles
             q_idx, qs = rows[:, r0:r1], qg[:, r0:r1] * run.scale2
             for i, chunk in enumerate(chunks):
-                s = torch.bmm(qs, chunk.take(kg).transpose(1, 2))  # (G, bl, E) @ (G, E, nc) -> (G, bl, nc)
-                if run.score_mod is not None:
-                    s = run.modded(s, chunk, b_idx, h_idx, q_idx).clone()
-                run.mask_(s, chunk, b_idx, h_idx, q_idx)
+                s = run.scores(qs, chunk.take(kg), chunk, b_idx, h_idx, q_idx)  # (G, bl, nc)
                 if i == 0:  # the first chunk starts the running sums (no rescaling)
                     m = s.amax(-1, keepdim=True).clamp_min_(lowest)  # lowest, not -inf: exp(-inf - m) = 0
                     p = run.exp_(s.sub_(m))  # (G, bl, nc), in place: the scores are not needed again
@@ -227,23 +414,24 @@ def _backward(run: _Run, q, k, v, out, lse, grad_out, captured):
         dqg, dkg, dvg = torch.zeros_like(qg), torch.zeros_like(kg), torch.zeros_like(vg)
         q_all = qg * run.scale2  # (G, L, E)
         rows = torch.arange(L, device=q.device).view(1, L, 1)
-        for r, chunks in enumerate(plan):
+        for r0, r1, chunks in plan:
             if not chunks:
                 continue
-            r0, r1 = r * run.plan.Bq, min(L, (r + 1) * run.plan.Bq)
             q_idx, qs = rows[:, r0:r1], q_all[:, r0:r1]  # (1, bl, 1), (G, bl, E)
             do, lse_t, delta = dog[:, r0:r1], lg[:, r0:r1], deltag[:, r0:r1]  # (G, bl, Ev), (G, bl, 1) x 2
             dq_t = torch.zeros_like(qs)
             for chunk in chunks:
                 kc, vc = chunk.take(kg), chunk.take(vg)  # (G, nc, E), (G, nc, Ev)
                 if run.score_mod is None:
-                    s = torch.bmm(qs, kc.transpose(1, 2))  # (G, bl, nc)
+                    s = run.scores(qs, kc, chunk, b_idx, h_idx, q_idx)  # (G, bl, nc)
                 else:
                     with torch.enable_grad():
                         raw = torch.bmm(qs, kc.transpose(1, 2)).requires_grad_()
                         modded = run.modded(raw, chunk, b_idx, h_idx, q_idx)
                     s = modded.detach().clone()
-                run.mask_(s, chunk, b_idx, h_idx, q_idx)
+                    bias = run.bias(chunk, b_idx, h_idx, q_idx, s.dtype)
+                    if bias is not None:
+                        s.add_(bias)
                 p = run.exp_(s.sub_(lse_t))  # (G, bl, nc), recomputed from the saved log-sum-exp
                 chunk.add_into(dvg, torch.bmm(p.transpose(1, 2), do))  # (G, nc, bl) @ (G, bl, Ev)
                 ds = torch.bmm(do, vc.transpose(1, 2)).sub_(delta).mul_(p)  # dS = P * (dP - delta), (G, bl, nc)
@@ -362,6 +550,9 @@ def chunked_flex_attention(query, key, value, score_mod=None, block_mask=None, s
     B, H, L, E = query.shape
     S = key.shape[2]
     scale = E ** -0.5 if scale is None else float(scale)
-    plan = _Plan(block_mask, B, H, L, S, chunk_keys, query.device)
     captured = captured_tensors(score_mod) if score_mod is not None else []
+    # a captured tensor's gradient is summed by autograd in that tensor's dtype, chunk by chunk: merged query
+    # tiles would double the pairs per sum (in bfloat16, an error past 2 ** -8 * sqrt(pairs))
+    max_rows = 0 if captured else MAX_ROWS
+    plan = _plan_for(block_mask, B, H, L, S, chunk_keys, query.device, max_rows)
     return _ChunkedFlex.apply(_Run(plan, score_mod, scale), query, key, value, *captured)

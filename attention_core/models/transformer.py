@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape
+from attention_core.flex_attention import BlockMask
 from attention_core.multihead import MultiHeadAttention
 
 __all__ = [
@@ -354,6 +355,8 @@ class TransformerDecoderLayer(_SublayerStack):
         memory_key_padding_mask: Optional[torch.Tensor] = None,
         tgt_is_causal: bool = False,
         need_weights: bool = False,
+        tgt_block_mask: Optional[BlockMask] = None,
+        memory_block_mask: Optional[BlockMask] = None,
     ) -> Tuple[torch.Tensor, Optional[DecoderWeights]]:
         """Run the block.
 
@@ -366,6 +369,12 @@ class TransformerDecoderLayer(_SublayerStack):
             memory_key_padding_mask: (B, S), True on real source tokens.
             tgt_is_causal: causal self-attention (combines with ``tgt_mask``).
             need_weights: also return both attentions' per-head weights.
+            tgt_block_mask: a :class:`~attention_core.flex_attention.BlockMask` of (T, T) for self-attention,
+                instead of ``tgt_mask``/``tgt_key_padding_mask``/``tgt_is_causal`` (a causal, sliding-window or
+                packed-documents mask as a predicate: the tiles it records as empty are never computed).
+            memory_block_mask: the same for cross-attention, (T, S), instead of ``memory_mask`` and
+                ``memory_key_padding_mask``. With a block mask that attention takes no dropout and returns no
+                weights (see :meth:`attention_core.MultiHeadAttention.forward`).
 
         Returns:
             ``(out, weights)``: out (B, T, D); :class:`DecoderWeights` when ``need_weights``, else ``None``.
@@ -379,8 +388,9 @@ class TransformerDecoderLayer(_SublayerStack):
             raise ValueError(f"x and memory must share the batch size: got {fmt_shape(x.shape)} and "
                              f"{fmt_shape(memory.shape)}")
         self_kw = dict(attn_mask=tgt_mask, key_padding_mask=tgt_key_padding_mask, is_causal=tgt_is_causal,
-                       need_weights=need_weights)
-        cross_kw = dict(attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask, need_weights=need_weights)
+                       need_weights=need_weights, block_mask=tgt_block_mask)
+        cross_kw = dict(attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask, need_weights=need_weights,
+                        block_mask=memory_block_mask)
         if self.norm_first:
             h = self.norm1(x)
             sa, w_self = self.self_attn(h, **self_kw)
@@ -444,7 +454,9 @@ class TransformerDecoder(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, need_weights: bool = False, **masks: Any
                 ) -> DecoderOutput:
-        """Run every layer (``masks``: the mask arguments of :meth:`TransformerDecoderLayer.forward`)."""
+        """Run every layer (``masks``: the mask arguments of :meth:`TransformerDecoderLayer.forward`, block masks
+        included: ``tgt_block_mask=create_block_mask(causal, None, None, T, T)`` gives every layer's
+        self-attention the same tiles)."""
         selfs, crosses = [], []
         for layer in self.layers:
             x, w = layer(x, memory, need_weights=need_weights, **masks)
