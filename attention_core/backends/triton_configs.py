@@ -45,11 +45,15 @@ CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
     # (64, 64, 4, 2) dropped: it spills on sm_80 even at L = 4096 in the window mode (40/108 bytes per thread, fp16
     # and bf16), and at a ragged length on sm_80 and sm_90 (28-44 bytes stored)
     ("dkdv", "half", 64): [(32, 128, 8, 3), (16, 128, 4, 3), (32, 64, 4, 3), (16, 64, 4, 3)],
-    ("dkdv", "half", 128): [(16, 128, 8, 3), (64, 64, 8, 2), (16, 64, 4, 3)],
+    # (64, 64, 8, 2) dropped: on sm_90 it spills even at L = 4096 (E = 80 causal and window, E = 128 window; 16-60
+    # bytes stored per thread, fp16 and bf16), and at a ragged length (20-128 bytes)
+    ("dkdv", "half", 128): [(16, 128, 8, 3), (16, 64, 4, 3)],
     ("fwd", "fp32", 64): [(32, 32, 4, 2), (32, 32, 8, 2), (16, 64, 4, 2)],
     ("fwd", "fp32", 128): [(16, 64, 8, 2), (32, 32, 8, 1), (16, 32, 8, 2)],
     ("dq", "fp32", 64): [(32, 32, 8, 2), (16, 32, 4, 2)],
-    ("dq", "fp32", 128): [(32, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2)],
+    # (32, 32, 4, 2) dropped: on sm_90 it spills even at L = 4096 in the window mode (1,644 bytes stored per thread
+    # at E = 80 and 128), and at a ragged length on sm_80 and sm_90
+    ("dq", "fp32", 128): [(32, 32, 8, 2), (16, 32, 4, 2)],
     ("dkdv", "fp32", 64): [(16, 64, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2)],
     ("dkdv", "fp32", 128): [(16, 32, 8, 2), (16, 32, 4, 2)],
     ("fwd", "sm75", 64): [(16, 32, 8, 2), (32, 32, 8, 2), (16, 16, 4, 2)],
@@ -82,18 +86,9 @@ RAGGED_SPILLS: Dict[Tuple[str, str, int, Shape], Tuple[int, ...]] = {
     # bfloat16 E=128 window sm_90: 20/20 B; bfloat16 E=80 window sm_90: 20/20 B; float16 E=128 window sm_90:
     #   20/20 B; float16 E=80 window sm_90: 20/20 B
     ("dkdv", "half", 128, (16, 64, 4, 3)): (90,),
-    # bfloat16 E=128 causal sm_90: 28/28 B; bfloat16 E=128 window sm_90: 124/188 B; bfloat16 E=80 causal sm_90:
-    #   20/20 B; bfloat16 E=80 window sm_90: 128/196 B; float16 E=128 causal sm_90: 28/28 B; float16 E=128
-    #   window sm_90: 124/188 B; float16 E=80 causal sm_90: 20/20 B; float16 E=80 window sm_90: 128/196 B
-    ("dkdv", "half", 128, (64, 64, 8, 2)): (90,),
     # float32 E=128 window sm_80: 12/12 B; float32 E=80 causal sm_80: 16/16 B; float32 E=80 window sm_80: 16/16
     #   B
     ("dq", "fp32", 128, (16, 32, 4, 2)): (80,),
-    # float32 E=128 causal sm_80: 60/140 B; float32 E=128 full sm_80: 80/208 B; float32 E=128 full sm_90:
-    #   2052/2352 B; float32 E=128 window sm_80: 96/328 B; float32 E=128 window sm_90: 2056/2656 B; float32 E=80
-    #   causal sm_80: 68/156 B; float32 E=80 full sm_80: 88/212 B; float32 E=80 full sm_90: 2052/2352 B; float32
-    #   E=80 window sm_80: 120/308 B; float32 E=80 window sm_90: 2064/2676 B
-    ("dq", "fp32", 128, (32, 32, 4, 2)): (80, 90),
     # float32 E=128 full sm_90: 432/548 B; float32 E=128 window sm_90: 532/808 B; float32 E=80 full sm_80: 12/12
     #   B; float32 E=80 full sm_90: 436/552 B; float32 E=80 window sm_80: 8/8 B; float32 E=80 window sm_90:
     #   536/812 B
