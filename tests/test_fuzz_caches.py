@@ -2,9 +2,11 @@
 changes through a small language model (and a latent-attention layer), and after every step checks the cache
 against a recomputation from the tokens that were accepted.
 
-The caches drawn: full, static (preallocated, ``max_len``), rolling window, window + sinks, and a full cache whose
-first call is a left-padded batch; the models: grouped-query attention and multi-head latent attention (whose
-"keys" in the cache are its rotary keys and "values" its latents, decoded in the absorbed form).
+The caches drawn: full, static (preallocated, ``max_len``), rolling window, window + sinks, a full cache whose
+first call is a left-padded batch, and one sequence of a paged pool (chapter 15's blocks, whose prefix a forked
+sequence may share, so that a write copies a block first); the models: grouped-query attention and multi-head
+latent attention (whose "keys" in the cache are its rotary keys and "values" its latents, decoded in the absorbed
+form).
 
 A refused call must leave the cache exactly as it was. The refusals drawn: a token id out of the vocabulary, a
 batch of another size, positions past ``max_positions``, and a backend that refuses in a chosen layer (the
@@ -28,6 +30,8 @@ import attention_core as ac
 from attention_core.backends import Backend, register_backend
 from attention_core.models import language_model as lm
 from attention_core.models.latent_attention import LatentCache, MultiHeadLatentAttention
+from attention_core.paged_attention import gather_paged_kv
+from attention_core.serving.blocks import OutOfBlocks, PagedKVCache
 
 PROFILE = os.environ.get("AC_FUZZ_PROFILE", "fuzz")
 #: (examples, steps per example): about 300 steps in `make test`, 2,500 in `make fuzz`.
@@ -45,7 +49,8 @@ MODELS = {
 MODEL = MODELS["gqa"]
 CACHES = {"full": {}, "static": {"max_len": MAX_POS}, "window": {"window": 4}, "sinks": {"window": 3, "sinks": 1},
           "padded": {}}
-STEPS = {"model": 0, "latent": 0}
+STEPS = {"model": 0, "latent": 0, "paged": 0}
+PAGED_EVENTS: dict = {}  # what the paged machine did, by kind: every refusal must have been tried
 
 # A backend that refuses the n-th attention call it is asked about (0: refuses nothing): the refusal then
 # comes from inside the chosen layer, after the layers before it have appended to the cache.
@@ -266,3 +271,110 @@ def test_latent_cache_is_transactional():
     LatentCacheMachine.TestCase().runTest()
     print(f"LatentCache state machine: {STEPS['latent']} checked steps")
     assert STEPS["latent"] >= RUNS[0]
+
+
+class PagedSequenceMachine(RuleBasedStateMachine):
+    """Sequence 0 of a paged pool, fed through the model; sometimes forked (sequence 1 then shares its blocks, and
+    the next write copies the shared last block). A refused call, in any layer, must leave the pool as it was:
+    the same table, length and visible tokens for both sequences, the same reference counts, no block lost."""
+
+    BLOCK, BLOCKS = 3, 12
+
+    @initialize()
+    def start(self):
+        self.pool = PagedKVCache(LAYERS, self.BLOCKS, self.BLOCK, num_kv_heads=1, head_dim=8)
+        self.pool.add_sequence(0)
+        self.accepted = torch.zeros(1, 0, dtype=torch.long)
+        self.last = None
+        self.forked = False
+
+    def _state(self):
+        seqs = sorted(self.pool.tables)
+        visible = []
+        for layer in range(LAYERS):
+            table, lens = self.pool.block_table(seqs)
+            for i in range(len(seqs)):
+                visible.append(gather_paged_kv(self.pool.keys[layer], table[i], int(lens[i])).clone())
+                visible.append(gather_paged_kv(self.pool.values[layer], table[i], int(lens[i])).clone())
+        refs = [self.pool.allocator.refcount(b) for b in range(self.BLOCKS)]
+        return ({s: list(t) for s, t in self.pool.tables.items()}, dict(self.pool.lengths), refs,
+                sorted(self.pool.allocator._free), visible)
+
+    @rule(seed=st.integers(0, 2**31), n=st.integers(1, 4))
+    def feed(self, seed, n):
+        tokens = _tokens(seed, 1, n)
+        if self.accepted.shape[1] + n > MAX_POS or self.pool.blocks_needed(0, n) > self.pool.allocator.num_free:
+            return
+        with torch.no_grad():
+            self.last = MODEL(tokens, self.pool.sequence_view(0)).logits[:, -1]
+        self.accepted = torch.cat([self.accepted, tokens], dim=1)
+        event("paged: " + ("prefill" if self.accepted.shape[1] == n else "decode"))
+
+    @rule()
+    def fork(self):
+        if 1 in self.pool.tables:
+            self.pool.free_sequence(1)
+        self.pool.fork(0, 1)
+        self.forked = True
+        event("paged: fork")
+        PAGED_EVENTS["fork"] = PAGED_EVENTS.get("fork", 0) + 1
+
+    @rule(seed=st.integers(0, 2**31), n=st.integers(1, 3),
+          how=st.sampled_from(["vocab", "backend, first layer", "backend, later layer", "out of blocks"]))
+    def refused_call(self, seed, n, how):
+        tokens = _tokens(seed, 1, n)
+        if self.accepted.shape[1] + n > MAX_POS:
+            return
+        hog = []
+        if how == "out of blocks":  # take every free block but as many as the call needs, less one
+            if self.pool.blocks_needed(0, n) == 0:
+                return
+            while self.pool.allocator.num_free >= self.pool.blocks_needed(0, n):
+                hog.append(self.pool.allocator.allocate())
+        before = self._state()
+        _REFUSE["at"], _REFUSE["seen"] = 0, 0
+        if how == "vocab":
+            tokens[0, -1] = V
+        elif how.startswith("backend"):
+            _REFUSE["at"] = 1 if how == "backend, first layer" else 1 + seed % (LAYERS - 1) + 1
+        backend = "test_refuses_nth" if how.startswith("backend") else None
+        with pytest.raises((ValueError, OutOfBlocks), match="tokens|refused on purpose|blocks"):
+            with torch.no_grad(), ac.use_backend(backend):
+                MODEL(tokens, self.pool.sequence_view(0))
+        _REFUSE["at"] = 0
+        after = self._state()
+        assert before[:4] == after[:4], f"a refused call ({how}) changed the pool's tables or counts"
+        assert all(torch.equal(a, b) for a, b in zip(before[4], after[4])), f"a refused call ({how}) changed tokens"
+        for block in hog:
+            self.pool.allocator.free(block)
+        event(f"paged: refused ({how})")
+        PAGED_EVENTS[how] = PAGED_EVENTS.get(how, 0) + 1
+
+    @invariant()
+    def equals_recomputation(self):
+        STEPS["paged"] += 1
+        n = self.accepted.shape[1]
+        assert self.pool.lengths[0] == n
+        if n == 0:
+            return
+        fresh = MODEL.new_cache()
+        with torch.no_grad():
+            full = MODEL(self.accepted, fresh)
+        table, _ = self.pool.block_table([0])
+        for layer in range(LAYERS):
+            k = gather_paged_kv(self.pool.keys[layer], table[0], n)[None]  # (1, H, n, E)
+            v = gather_paged_kv(self.pool.values[layer], table[0], n)[None]
+            torch.testing.assert_close(k, fresh.keys[layer][:, :, :n], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(v, fresh.values[layer][:, :, :n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(self.last, full.logits[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_paged_sequence_is_transactional():
+    STEPS["paged"] = 0
+    PAGED_EVENTS.clear()
+    PagedSequenceMachine.TestCase.settings = MACHINE
+    PagedSequenceMachine.TestCase().runTest()
+    print(f"paged sequence state machine: {STEPS['paged']} checked steps, {PAGED_EVENTS}")
+    assert STEPS["paged"] >= RUNS[0]
+    kinds = {"vocab", "backend, first layer", "backend, later layer", "out of blocks", "fork"}
+    assert kinds <= set(PAGED_EVENTS), f"never drawn: {kinds - set(PAGED_EVENTS)}"

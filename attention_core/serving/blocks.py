@@ -211,10 +211,23 @@ class PagedSequenceCache(KVCache):
         self._positions = None
 
     def snapshot(self):  # type: ignore[override]
-        return None
+        """``(length, block table, seen)``: what a failed call must give back (see :meth:`restore`)."""
+        return self.paged.lengths[self.seq], list(self.paged.tables[self.seq]), self.seen
 
     def restore(self, state) -> None:  # type: ignore[override]
-        raise RuntimeError("a paged sequence cannot roll back a failed call")
+        """Undo a call that raised half-way: the blocks it allocated go back to the pool, a shared block that a
+        copy-on-write let go of is held again, and the length and table are as they were. Slots past the old
+        length that the call wrote stay written but unread (no table points a token at them)."""
+        length, table, seen = state
+        current, alloc = self.paged.tables[self.seq], self.paged.allocator
+        for block in table:
+            if block not in current:
+                alloc.fork(block)  # released by a copy-on-write in this call; its other owners still hold it
+        for block in current:
+            if block not in table:
+                alloc.free(block)  # allocated (or copied into) by this call
+        self.paged.tables[self.seq], self.paged.lengths[self.seq] = list(table), length
+        self.seen, self._positions = seen, None
 
     def nbytes(self) -> int:
         held = len(self.paged.tables[self.seq])
