@@ -31,9 +31,10 @@ Shape = Tuple[int, int, int, int]
 #: (4001). At 4096 no "half" or "fp32" candidate spills on sm_80 or sm_90. At a ragged length some do (the
 #: bounds checks of the masked last tile cost registers): those are in :data:`RAGGED_SPILLS`, and
 #: :func:`prune_for` withholds them from the autotuner at such a launch. "sm75" candidates fit a T4's 64 KiB
-#: of shared memory. For sm_75 the report holds only float16, E = 128, causal, L = 4096 so far: there the
-#: forward does not spill and both backward kernels spill (480 to 1,760 bytes per thread) with every tile
-#: compiled; every other sm_75 launch is listed there as not compiled, so nothing is claimed for it. For dK/dV,
+#: of shared memory. On sm_75 (every launch compiled) no kernel has a tensor-core
+#: instruction; the float16 backward at E > 64 spills with every tile (hundreds to thousands of bytes per
+#: thread), as do 5 of the 24 float32 dq launches at E > 64 and 2 float32 forward launches; "sm75" lists are not
+#: pruned (the library never picks `triton` by itself, and warns on a GPU older than sm_80). For dK/dV,
 #: BLOCK_N is the tall key tile and BLOCK_M the short query tile.
 CANDIDATES: Dict[Tuple[str, str, int], List[Shape]] = {
     ("fwd", "half", 64): [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3),
