@@ -158,7 +158,11 @@ def _mha_forward(m: MultiHeadAttention, fn: Intervention) -> Callable:
 
     def forward(query: torch.Tensor, key: Optional[torch.Tensor] = None, value: Optional[torch.Tensor] = None,
                 attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, need_weights: bool = False, *,
-                key_padding_mask: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> tuple:
+                key_padding_mask: Optional[torch.Tensor] = None, backend: Optional[str] = None,
+                block_mask: Optional[object] = None) -> tuple:
+        if block_mask is not None:
+            raise ValueError("an intervention reads and rewrites the dense weights: give the mask as attn_mask "
+                             "(a block mask's mask_mod gives it through mask_mods.dense_mask)")
         key = query if key is None else key
         value = key if value is None else value
         B, L, S = m._check_inputs(query, key, value)

@@ -388,9 +388,12 @@ class TransformerDecoderLayer(_SublayerStack):
             raise ValueError(f"x and memory must share the batch size: got {fmt_shape(x.shape)} and "
                              f"{fmt_shape(memory.shape)}")
         self_kw = dict(attn_mask=tgt_mask, key_padding_mask=tgt_key_padding_mask, is_causal=tgt_is_causal,
-                       need_weights=need_weights, block_mask=tgt_block_mask)
-        cross_kw = dict(attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask, need_weights=need_weights,
-                        block_mask=memory_block_mask)
+                       need_weights=need_weights)
+        cross_kw = dict(attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask, need_weights=need_weights)
+        if tgt_block_mask is not None:  # passed only when given, so a wrapped attention's forward needs no new name
+            self_kw["block_mask"] = tgt_block_mask
+        if memory_block_mask is not None:
+            cross_kw["block_mask"] = memory_block_mask
         if self.norm_first:
             h = self.norm1(x)
             sa, w_self = self.self_attn(h, **self_kw)
