@@ -2,8 +2,10 @@
 
 1. Interpreter (CPU, CI): every compiled-in mask mod and score mod, under ``TRITON_INTERPRET=1`` in a child
    process (``_triton_flex_cases.py``), at the GPU's tiles ((128, 64), (64, 64), (128, 128)), ragged and round
-   lengths, L < S, a per-batch block mask, float32 and float16, against the float64 dense reference; an
-   unsupported mod and a call needing gradients raise clear errors.
+   lengths, L < S, a per-batch block mask, float32 and float16, against the float64 dense reference; the
+   backward's gradients of q, k and v likewise (causal, windows, sinks, documents, three score mods, rows that
+   read no key, L < S and L > S, a per-batch mask); an unsupported mod and a score mod's captured tensor that
+   requires a gradient raise clear errors.
 2. Resources: ``benchmarks/results/triton_flex_resources.json`` (``benchmarks/triton_flex_resources.py``)
    belongs to today's kernel source (fingerprint), and on sm_80 and sm_90 no row spills, shared memory fits,
    and 16-bit dots became tensor-core instructions.
@@ -55,6 +57,21 @@ def test_interpreter_parity(interp_results, name):
     assert err <= tol, f"{name}: max |triton - reference| = {err}"
 
 
+def _grad_case_names() -> list:
+    import _triton_flex_cases
+
+    return sorted(_triton_flex_cases.GRAD_CASES)
+
+
+@pytest.mark.parametrize("name", _grad_case_names())
+def test_interpreter_gradient_parity(interp_results, name):
+    """out, dq, dk, dv against the float64 reference, relative to max(1, the reference's largest value)."""
+    err = interp_results[name]
+    assert isinstance(err, float), err
+    tol = 2e-3 if "float16" in name else 1e-5
+    assert err <= tol, f"{name}: max |triton - reference| / max(1, |reference|) = {err}"
+
+
 def test_interpreter_covers_every_compiled_mod():
     from attention_core.backends.triton_flex import MASK_KINDS, SCORE_KINDS
 
@@ -68,7 +85,7 @@ def test_interpreter_covers_every_compiled_mod():
 def test_unsupported_calls_raise(interp_results):
     errors = interp_results["errors"]
     assert errors["unsupported_mask"].startswith("ValueError") and "strided(8)" in errors["unsupported_mask"]
-    assert errors["needs_grad"].startswith("NotImplementedError") and "chunked" in errors["needs_grad"]
+    assert errors["captured_grad"].startswith("NotImplementedError") and "chunked" in errors["captured_grad"]
 
 
 def test_resource_report_is_todays_and_clean():
