@@ -97,6 +97,30 @@ GRAD_CASES["grad-sinks_window-none-float32-per-batch-mask"] = (
     "sinks_window", "none", torch.float32, (64, 64), 200, 200, 2)
 
 
+def operators():
+    """The kernels are torch.library operators: torch.compile(fullgraph=True) traces them on fake tensors and gives
+    eager's gradients; ``opcheck`` tests the forward's schema, fake, autograd registration and AOT dispatch."""
+    from attention_core.backends import triton_flex as tf
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 70, 16, generator=g, requires_grad=True) for _ in range(3))
+    bm, sm = create_block_mask(mm.sliding_window(20), None, None, 70, 70, BLOCK_SIZE=32), mm.soft_cap(2.0)
+
+    def f(q, k, v):
+        return flex_attention(q, k, v, score_mod=sm, block_mask=bm, backend="triton")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    want = torch.autograd.grad(f(q, k, v).square().sum(), (q, k, v))
+    got = torch.autograd.grad(compiled(q, k, v).square().sum(), (q, k, v))
+    err = max(float((a - b).abs().max()) for a, b in zip(got, want))
+    tensors, scalars, constexprs, _ = tf.compile_args(q, k, v, sm, bm, 0.25)
+    args = (*[x.detach().requires_grad_(i < 3) for i, x in enumerate(tensors)], 0.25, scalars["CAP"], scalars["P0"],
+            scalars["P1"], scalars["P2"], constexprs["MASK"], constexprs["SCORE"], 32, 32)
+    checks = torch.library.opcheck(torch.ops.attention_core.triton_flex_forward.default, args)
+    return {"compile_grad_err": err, "opcheck": checks}
+
+
 def errors():
     q = torch.randn(1, 1, 64, 16)
     out = {}
@@ -124,4 +148,8 @@ if __name__ == "__main__":
         except Exception as exc:  # noqa: BLE001
             result[n] = f"{type(exc).__name__}: {exc}"
     result["errors"] = errors()
+    try:
+        result["operators"] = operators()
+    except Exception as exc:  # noqa: BLE001
+        result["operators"] = f"{type(exc).__name__}: {exc}"
     print(json.dumps(result))

@@ -88,6 +88,13 @@ def test_unsupported_calls_raise(interp_results):
     assert errors["captured_grad"].startswith("NotImplementedError") and "chunked" in errors["captured_grad"]
 
 
+def test_operators_compile_and_pass_opcheck(interp_results):
+    ops = interp_results["operators"]
+    assert isinstance(ops, dict), ops
+    assert ops["compile_grad_err"] == 0.0, ops  # the compiled graph launches the same kernels
+    assert set(ops["opcheck"].values()) == {"SUCCESS"} and len(ops["opcheck"]) == 4, ops
+
+
 def test_resource_report_is_todays_and_clean():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import triton_flex_resources as tr
