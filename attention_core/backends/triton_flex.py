@@ -314,9 +314,8 @@ def _backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
     """``(dq, dk, dv)``, recomputed tile by tile from ``lse`` (:mod:`attention_core.backends.triton_flex_bwd`)."""
     from attention_core.backends.triton_flex_bwd import flex_backward
 
-    warps = num_warps_for(query.dtype, query.shape[-1], block_m, block_n)
     return flex_backward(grad_out, query, key, value, out, lse, kv_num, kv_idx, full_num, full_idx, doc, slopes,
-                         table, scale, cap, p0, p1, p2, mask, score, block_m, block_n, warps)
+                         table, scale, cap, p0, p1, p2, mask, score, block_m, block_n)
 
 
 @_backward_op.register_fake

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from attention_core.backends.triton_flex import _keep, _score
 
-__all__ = ["flex_backward", "transposed_tiles"]
+__all__ = ["flex_backward", "launch_config", "transposed_tiles"]
 
 PREPROCESS_BLOCK = 64
 
@@ -129,29 +129,47 @@ def _flex_bwd_dq(Q, K, V, DO, DQ, LSE, Delta, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX
 
 
 @triton.jit
+def _probs_t(k, q, lse, offs_m, offs_n, h, DOC, SLOPES, TABLE, sm_scale, CAP, L, S, P0, P1, P2,
+             MASK: tl.constexpr, SCORE: tl.constexpr, PARTIAL: tl.constexpr, IEEE: tl.constexpr):
+    """The transposed tile, as the dK/dV loop wants it: p^T (BLOCK_N, BLOCK_M) float32 and the modded s^T."""
+    if IEEE:
+        st = tl.dot(k, tl.trans(q), input_precision="ieee")
+    else:
+        st = tl.dot(k, tl.trans(q))
+    st = _score(st * sm_scale, offs_m[None, :], offs_n[:, None], h, SLOPES, TABLE, CAP, P2, SCORE)
+    valid = (offs_m[None, :] < L) & (offs_n[:, None] < S)
+    if PARTIAL:
+        valid = valid & _keep(offs_m[None, :], offs_n[:, None], DOC, L, S, P0, P1, MASK)
+    pt = tl.where(valid, tl.exp(st - lse[None, :]), 0.0)  # lse = +inf (a row that read nothing): p = 0
+    return pt, st
+
+
+@triton.jit
 def _dkdv_tile(dk, dv, k, v, Q, DO, LSE, Delta, q_base, lse_base, t, offs_n, offs_d, h, DOC, SLOPES, TABLE,
                sm_scale, CAP, L, S, P0, P1, P2, E: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
                SCORE: tl.constexpr, PARTIAL: tl.constexpr, IEEE: tl.constexpr):
-    """dv += p^T dO and dk += dS^T q over query tile ``t``."""
+    """dv += p^T dO and dk += dS^T q over query tile ``t``, computed transposed (no transpose of p in registers)."""
     offs_m = t * BLOCK_M + tl.arange(0, BLOCK_M)
     in_q = (offs_m[:, None] < L) & (offs_d[None, :] < E)
     q = tl.load(Q + q_base + offs_m[:, None] * E + offs_d[None, :], mask=in_q, other=0.0)  # (BLOCK_M, BLOCK_D)
     do = tl.load(DO + q_base + offs_m[:, None] * E + offs_d[None, :], mask=in_q, other=0.0)
     lse = tl.load(LSE + lse_base + offs_m, mask=offs_m < L, other=float("inf"))
     delta = tl.load(Delta + lse_base + offs_m, mask=offs_m < L, other=0.0)
-    p, s = _probs(q, k, lse, offs_m, offs_n, h, DOC, SLOPES, TABLE, sm_scale, CAP, L, S, P0, P1, P2,
-                     MASK, SCORE, PARTIAL, IEEE)  # (BLOCK_M, BLOCK_N)
+    pt, st = _probs_t(k, q, lse, offs_m, offs_n, h, DOC, SLOPES, TABLE, sm_scale, CAP, L, S, P0, P1, P2,
+                      MASK, SCORE, PARTIAL, IEEE)  # (BLOCK_N, BLOCK_M)
     if IEEE:
-        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision="ieee")
-        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        dv += tl.dot(pt.to(do.dtype), do, input_precision="ieee")
+        dpt = tl.dot(v, tl.trans(do), input_precision="ieee")
     else:
-        dv += tl.dot(tl.trans(p).to(do.dtype), do)
-        dp = tl.dot(do, tl.trans(v))
-    ds = _ds(p, dp, delta, s, CAP, SCORE)
+        dv += tl.dot(pt.to(do.dtype), do)
+        dpt = tl.dot(v, tl.trans(do))
+    dst = pt * (dpt - delta[None, :])
+    if SCORE == 2:
+        dst = dst * (1.0 - (st / CAP) * (st / CAP))
     if IEEE:
-        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision="ieee")
+        dk += tl.dot(dst.to(q.dtype), q, input_precision="ieee")
     else:
-        dk += tl.dot(tl.trans(ds).to(q.dtype), q)
+        dk += tl.dot(dst.to(q.dtype), q)
     return dk, dv
 
 
@@ -221,8 +239,15 @@ def transposed_tiles(kv_num, kv_idx, full_num, full_idx) -> tuple[torch.Tensor, 
     return (q_num.contiguous(), q_idx.contiguous(), full_q_num.contiguous(), full_q_idx.contiguous())
 
 
+def launch_config(dtype: torch.dtype, E: int) -> tuple[int, int]:
+    """(num_warps, num_stages) of the backward's two loops, from the resource report: 8 warps (float32 at 4 spilled
+    in dK/dV on sm_90); two stages only for 16-bit inputs with E <= 64 (two spilled in dQ on sm_80 at 16-bit
+    E = 128 with the soft cap, and in float32 dK/dV on sm_80)."""
+    return 8, (2 if dtype != torch.float32 and E <= 64 else 1)
+
+
 def flex_backward(grad_out, query, key, value, out, lse, kv_num, kv_idx, full_num, full_idx, doc, slopes, table,
-                  scale, cap, p0, p1, p2, mask, score, block_m, block_n, num_warps):
+                  scale, cap, p0, p1, p2, mask, score, block_m, block_n):
     """(dq, dk, dv) of the flex forward from its saved ``out`` and ``lse`` (B, H, L) float32."""
     B, H, L, E = query.shape
     S = key.shape[2]
@@ -238,9 +263,10 @@ def flex_backward(grad_out, query, key, value, out, lse, kv_num, kv_idx, full_nu
     scalars = dict(sm_scale=scale, CAP=cap, L=L, S=S, H=H, HM=Hm, N_Q_TILES=nQ, N_K_TILES=nK, P0=p0, P1=p1, P2=p2)
     constexprs = dict(BM_B=int(Bm > 1), BM_H=int(Hm > 1), MASK=mask, SCORE=score, E=E, BLOCK_D=BLOCK_D,
                       BLOCK_M=block_m, BLOCK_N=block_n, IEEE=query.dtype == torch.float32)
+    warps, stages = launch_config(query.dtype, E)
     _flex_bwd_dq[(nQ, B * H)](query, key, value, grad_out, dq, lse, delta, kv_num, kv_idx, full_num, full_idx,
-                              doc, slopes, table, **scalars, **constexprs, num_warps=num_warps, num_stages=2)
+                              doc, slopes, table, **scalars, **constexprs, num_warps=warps, num_stages=stages)
     q_tiles = transposed_tiles(kv_num, kv_idx, full_num, full_idx)
     _flex_bwd_dkdv[(nK, B * H)](query, key, value, grad_out, dk, dv, lse, delta, *q_tiles, doc, slopes, table,
-                                **scalars, **constexprs, num_warps=num_warps, num_stages=2)
+                                **scalars, **constexprs, num_warps=warps, num_stages=stages)
     return dq, dk, dv
