@@ -34,8 +34,9 @@ implementations. Gradients of a tensor a score mod captures are not computed (``
 float16 and bfloat16 (float32 accumulation) and float32 (IEEE dots); E = Ev <= 128. Kernel tiles are the block
 mask's tiles (``BLOCK_SIZE``, powers of two >= 16; on a GPU at most :data:`GPU_TILES`, ``BLOCK_SIZE=(128, 32)`` for
 16-bit inputs, ``(32, 32)`` for float32 with E <= 64). Under ``TRITON_INTERPRET=1`` (set before import) the
-kernel runs on the CPU in NumPy: that is how the tests check it. What it costs on sm_80 / sm_90 (registers,
-spills) is in ``benchmarks/results/triton_flex_resources.json`` (``benchmarks/triton_flex_resources.py``).
+kernel runs on the CPU in NumPy: that is how the tests check it. What the forward and the backward cost on sm_80 /
+sm_90 (registers, spills) is in ``benchmarks/results/triton_flex_resources.json``
+(``benchmarks/triton_flex_resources.py``).
 
 Layout: jit helpers and kernel -> launcher (recognise the mods, validate, allocate, grid) -> operators -> public.
 """

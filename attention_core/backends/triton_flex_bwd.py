@@ -6,13 +6,18 @@ recomputes the probabilities ``p = exp(score_mod(scale q k^T) - lse)`` tile by t
 1. a preprocess: ``delta = rowsum(dO * O)`` per query row (the ``sum_j p_ij dp_ij`` of the softmax's backward);
 2. ``dK, dV``: one program per key tile, which visits the query tiles that read it. The block mask lists, per
    query tile, its key tiles; this pass needs the **transposed** lists, per key tile its full and partial query
-   tiles (:func:`transposed_tiles`, O(nQ nK) integers like the mask itself);
+   tiles (:func:`transposed_tiles`, O(nQ nK) integers like the mask itself). It computes the tile transposed,
+   ``s^T = k q^T``, so ``p^T`` and ``dS^T`` feed their dots without a transpose in registers (transposing ``p``
+   instead spilled thousands of bytes on sm_80);
 3. ``dQ``: one program per query tile, over the forward's own key tiles.
 
 Full tiles skip the predicate, partial tiles evaluate it, as in the forward. The score mod's derivative is
 compiled in: 1 for the additive biases (ALiBi, a relative-position table), ``1 - tanh^2`` for the soft cap. A
 row that read no key has ``lse = +inf``, so its ``p`` is 0 and it passes no gradient. Gradients of the tensors a
 score mod captures (slopes, a bias table) are not computed here (``backend="chunked"`` computes them).
+
+Launches: :func:`launch_config`; on sm_80 and sm_90 neither loop spills at the forward's GPU tiles
+(``benchmarks/results/triton_flex_resources.json``, rows ``bwd_dq`` and ``bwd_dkdv``).
 """
 
 from __future__ import annotations
