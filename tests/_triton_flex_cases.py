@@ -88,7 +88,9 @@ for m, s, dt, block in (("causal", "none", torch.float32, (128, 64)), ("window",
                         ("sinks_window", "alibi", torch.float32, (128, 64)),
                         ("causal", "none", torch.float16, (128, 32)),
                         ("sinks_window", "alibi", torch.float16, (64, 64)),
-                        ("document_causal", "relative_position_bias", torch.float16, (128, 32))):
+                        ("document_causal", "relative_position_bias", torch.float16, (128, 32)),
+                        ("noop", "none", torch.float32, (128, 64)), ("prefix_lm", "none", torch.float32, (64, 64)),
+                        ("window_two_sided", "none", torch.float32, (32, 32))):
     GRAD_CASES[f"grad-{m}-{s}-{str(dt)[6:]}-{block[0]}x{block[1]}"] = (m, s, dt, block, 200, 200)
 GRAD_CASES["grad-bottom_right-none-float32-64x32-empty-rows"] = (
     "bottom_right", "none", torch.float32, (64, 32), 230, 100)  # the first 130 queries read no key

@@ -82,6 +82,17 @@ def test_interpreter_covers_every_compiled_mod():
         assert any(f"-{score}-" in n for n in names), score
 
 
+def test_gradients_cover_every_compiled_mod():
+    from attention_core.backends.triton_flex import MASK_KINDS, SCORE_KINDS
+
+    names = _grad_case_names()
+    for mask in MASK_KINDS:
+        assert any(n.startswith(f"grad-{mask}-") for n in names), mask
+    for score in (k for k in SCORE_KINDS if k):
+        assert any(f"-{score}-" in n for n in names), score
+    assert any("float16" in n for n in names) and any("empty-rows" in n for n in names)
+
+
 def test_unsupported_calls_raise(interp_results):
     errors = interp_results["errors"]
     assert errors["unsupported_mask"].startswith("ValueError") and "strided(8)" in errors["unsupported_mask"]
