@@ -237,11 +237,13 @@ def flex_attention(
         key: (B, H, S, E), same dtype.
         value: (B, H, S, Ev), same dtype.
         score_mod: ``score_mod(score, b, h, q_idx, kv_idx) -> score`` or ``None``. Tensors it captures (a bias
-            table, ALiBi slopes) receive gradients on every backend.
+            table, ALiBi slopes) receive gradients on ``chunked`` and ``reference`` (``triton`` raises if one
+            requires a gradient).
         block_mask: from :func:`create_block_mask` with (L, S) = (query's L, key's S), or ``None`` (every pair).
         scale: score scale, default ``1 / sqrt(E)``.
         enable_gqa: let ``Hq`` be a multiple of ``H`` (each key/value head serves ``Hq / H`` query heads).
-        backend: ``"chunked"`` (tiles, skipping empty ones) or ``"reference"`` (dense, the oracle).
+        backend: ``"chunked"`` (tiles, skipping empty ones), ``"reference"`` (dense, the oracle) or ``"triton"``
+            (the library's mods compiled in, forward and backward; CUDA or ``TRITON_INTERPRET=1``).
 
     Returns:
         (B, Hq, L, Ev) in the query's dtype; a row that reads no key is zeros.

@@ -28,14 +28,17 @@ MASK                   mod
 and score mods ``SCORE``: 0 none, 1 ``alibi(slopes)``, 2 ``soft_cap(cap)``, 3 ``relative_position_bias``.
 Any other mod raises a ``ValueError`` that names it (use ``backend="chunked"``, which runs every mod).
 
-Forward only: a call that needs gradients raises (``chunked`` has the backward). Dtypes float16 and bfloat16
-(float32 accumulation) and float32 (IEEE dots); E = Ev <= 128. Kernel tiles are the block mask's tiles
-(``BLOCK_SIZE``, powers of two >= 16; on a GPU at most :data:`GPU_TILES`, ``BLOCK_SIZE=(128, 32)`` for
+The backward (:mod:`attention_core.backends.triton_flex_bwd`) recomputes the probabilities from the saved
+logsumexp, over the same non-empty tiles; both directions are ``torch.library`` operators with fake
+implementations. Gradients of a tensor a score mod captures are not computed (``chunked`` does). Dtypes
+float16 and bfloat16 (float32 accumulation) and float32 (IEEE dots); E = Ev <= 128. Kernel tiles are the block
+mask's tiles (``BLOCK_SIZE``, powers of two >= 16; on a GPU at most :data:`GPU_TILES`, ``BLOCK_SIZE=(128, 32)`` for
 16-bit inputs, ``(32, 32)`` for float32 with E <= 64). Under ``TRITON_INTERPRET=1`` (set before import) the
-kernel runs on the CPU in NumPy: that is how the tests check it. What it costs on sm_80 / sm_90 (registers,
-spills) is in ``benchmarks/results/triton_flex_resources.json`` (``benchmarks/triton_flex_resources.py``).
+kernel runs on the CPU in NumPy: that is how the tests check it. What the forward and the backward cost on sm_80 /
+sm_90 (registers, spills) is in ``benchmarks/results/triton_flex_resources.json``
+(``benchmarks/triton_flex_resources.py``).
 
-Layout: jit helpers and kernel -> launcher (recognise the mods, validate, allocate, grid) -> public function.
+Layout: jit helpers and kernel -> launcher (recognise the mods, validate, allocate, grid) -> operators -> public.
 """
 
 from __future__ import annotations
@@ -272,11 +275,77 @@ def num_warps_for(dtype: torch.dtype, E: int, BLOCK_M: int, BLOCK_N: int) -> int
     return 4 if dtype == torch.float32 else 8
 
 
+# ------------------------------------------------------------------- autograd: custom operators, as triton_flash's
+# Forward and backward as torch.library operators with fake (shape-only) implementations and an autograd rule;
+# the block mask travels as its four int32 tensors, the mods as their compile-time codes and scalars.
+
+
+@torch.library.custom_op("attention_core::triton_flex_forward", mutates_args=())
+def _forward_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_num: torch.Tensor,
+                kv_idx: torch.Tensor, full_num: torch.Tensor, full_idx: torch.Tensor, doc: torch.Tensor,
+                slopes: torch.Tensor, table: torch.Tensor, scale: float, cap: float, p0: int, p1: int, p2: int,
+                mask: int, score: int, block_m: int, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out (B, H, L, E), lse (B, H, L) float32)``; ``lse`` is ``+inf`` on a row that read no key."""
+    B, H, L, E = query.shape
+    Bm, Hm, nQ, nK = kv_idx.shape
+    out = torch.empty_like(query)  # (B, H, L, E)
+    lse = torch.empty((B, H, L), device=query.device, dtype=torch.float32)
+    scalars = dict(sm_scale=scale, CAP=cap, L=L, S=key.shape[2], H=H, HM=Hm, N_Q_TILES=nQ, N_K_TILES=nK,
+                   P0=p0, P1=p1, P2=p2)
+    constexprs = dict(BM_B=int(Bm > 1), BM_H=int(Hm > 1), MASK=mask, SCORE=score, E=E,
+                      BLOCK_D=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m, BLOCK_N=block_n,
+                      IEEE=query.dtype == torch.float32)
+    warps = num_warps_for(query.dtype, E, block_m, block_n)
+    _flex_fwd[(nQ, B * H)](query, key, value, out, lse, kv_num, kv_idx, full_num, full_idx, doc, slopes, table,
+                           **scalars, **constexprs, num_warps=warps, num_stages=2)
+    return out, lse
+
+
+@_forward_op.register_fake
+def _(query, key, value, kv_num, kv_idx, full_num, full_idx, doc, slopes, table, *params):
+    return torch.empty_like(query), query.new_empty(query.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("attention_core::triton_flex_backward", mutates_args=())
+def _backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor, kv_num: torch.Tensor, kv_idx: torch.Tensor,
+                 full_num: torch.Tensor, full_idx: torch.Tensor, doc: torch.Tensor, slopes: torch.Tensor,
+                 table: torch.Tensor, scale: float, cap: float, p0: int, p1: int, p2: int, mask: int, score: int,
+                 block_m: int, block_n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)``, recomputed tile by tile from ``lse`` (:mod:`attention_core.backends.triton_flex_bwd`)."""
+    from attention_core.backends.triton_flex_bwd import flex_backward
+
+    return flex_backward(grad_out, query, key, value, out, lse, kv_num, kv_idx, full_num, full_idx, doc, slopes,
+                         table, scale, cap, p0, p1, p2, mask, score, block_m, block_n)
+
+
+@_backward_op.register_fake
+def _(grad_out, query, key, value, *rest):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    query, key, value, *ints, doc, slopes, table = inputs[:10]
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, *ints, doc, slopes, table)  # O(L) beside the inputs
+    ctx.params = inputs[10:]
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse, *rest = ctx.saved_tensors
+    dq, dk, dv = _backward_op(grad_out, query, key, value, out, lse, *rest, *ctx.params)
+    return (dq, dk, dv) + (None,) * 16
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 # ------------------------------------------------------------------------------------------------ public
 
 
 def triton_flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None) -> torch.Tensor:
-    """Flex attention's forward in Triton, over the block mask's non-empty tiles (see the module docstring).
+    """Flex attention in Triton, forward and backward, over the block mask's non-empty tiles (see the module
+    docstring and :mod:`attention_core.backends.triton_flex_bwd`).
 
     Args:
         query: (B, H, L, E) on a CUDA device (or the CPU under ``TRITON_INTERPRET=1``); key, value (B, H, S, E).
@@ -285,19 +354,19 @@ def triton_flex_attention(query, key, value, score_mod=None, block_mask=None, sc
         scale: score scale, default ``1 / sqrt(E)``.
 
     Returns:
-        (B, H, L, E) in the query's dtype; rows that read nothing are zeros.
+        (B, H, L, E) in the query's dtype; rows that read nothing are zeros (and pass no gradient). Gradients
+        flow to query, key and value; a tensor the score mod captures may not require one.
     """
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        raise NotImplementedError("the triton flex kernel is forward only: use backend='chunked' for gradients, "
-                                  "or call it under torch.no_grad()")
     if query.device.type != "cuda" and not INTERPRET:
         raise ValueError(f"the triton backend needs a CUDA device (or TRITON_INTERPRET=1), got {query.device}")
+    captured = [x for x in getattr(score_mod, "flex_kind", ())[1:] if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in captured):
+        raise NotImplementedError(f"the triton flex kernel does not compute the gradient of the tensor that "
+                                  f"score_mod {getattr(score_mod, '__name__', score_mod)} captures: use "
+                                  f"backend='chunked', or detach it")
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     tensors, scalars, constexprs, grid = compile_args(query, key, value, score_mod, block_mask, scale)
-    B, H, L, E = query.shape
-    out = torch.empty_like(tensors[0])  # (B, H, L, E)
-    lse = torch.empty((B, H, L), device=query.device, dtype=torch.float32)
-    q, k, v, *rest = tensors
-    warps = num_warps_for(query.dtype, E, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
-    _flex_fwd[grid](q, k, v, out, lse, *rest, **scalars, **constexprs, num_warps=warps, num_stages=2)
+    out, _ = _forward_op(*tensors, scalars["sm_scale"], scalars["CAP"], scalars["P0"], scalars["P1"],
+                         scalars["P2"], constexprs["MASK"], constexprs["SCORE"], constexprs["BLOCK_M"],
+                         constexprs["BLOCK_N"])
     return out
