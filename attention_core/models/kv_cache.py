@@ -188,7 +188,8 @@ class KVCache:
 
     @property
     def rotated(self) -> bool:
-        """Keys are stored after the rotation (no sinks) or before it (sinks: re-rotated by slot each step)."""
+        """True when keys are stored after the rotation (a cache without sinks), False when they are stored before
+        it and re-rotated by slot at every step (a cache with sinks)."""
         return self.sinks == 0
 
     def __len__(self) -> int:
