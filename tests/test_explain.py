@@ -317,12 +317,25 @@ def test_adversary_stays_within_its_bound_and_moves_the_weights():
 
 
 def test_the_training_cli_reproduces_a_shipped_checkpoint(tmp_path: Path):
+    """Retraining by the recipe reproduces what holds on any CPU, not the bits.
+
+    Bit-identical weights hold only on the CPU that made the checkpoint (another vendor's BLAS sums in another
+    order; seen: red on an Intel Xeon with AMX for a checkpoint made on an AMD EPYC). What must hold everywhere:
+    the same recipe and parameter count in the manifest, the logged loss curve within a tolerance of the shipped
+    one, and the same test accuracy.
+    """
     strain.main(["embed", "--out", str(tmp_path)])
+    fresh_entry = read_manifest(tmp_path)["embed"]
     fresh = torch.load(tmp_path / "embed.pt", weights_only=True)["state_dict"]
     shipped, entry = strain.load_or_train("embed")
     assert set(fresh) == set(shipped.state_dict())
-    assert all(torch.equal(fresh[k], v) for k, v in shipped.state_dict().items())
-    assert read_manifest(tmp_path)["embed"]["recipe"] == entry["recipe"]
+    assert all(fresh[k].shape == v.shape for k, v in shipped.state_dict().items())
+    assert fresh_entry["recipe"] == entry["recipe"]
+    assert fresh_entry["parameters"] == entry["parameters"]
+    assert fresh_entry["loss_every"] == entry["loss_every"] and len(fresh_entry["losses"]) == len(entry["losses"])
+    for got, want in zip(fresh_entry["losses"], entry["losses"]):  # rounding differs by CPU; the curve does not
+        assert abs(got - want) <= 0.02 + 0.1 * want, (fresh_entry["losses"], entry["losses"])
+    assert abs(fresh_entry["test_accuracy"] - entry["test_accuracy"]) <= 0.02
 
 
 @pytest.mark.parametrize("name", ["bahdanau", "luong_general", "transformer"])
