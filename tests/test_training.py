@@ -236,3 +236,22 @@ def test_the_shared_recipe_command_line(tmp_path):
             recipes_main(argv, "d", recipes, tmp_path, lambda n, o: calls.append((n, o)))
         assert exit_.value.code == 2
     assert len(calls) == 2  # nothing trained after a refusal
+
+
+def test_eval_mode_restores_every_flag_also_on_error():
+    import torch.nn as nn
+
+    from attention_core.training.modes import eval_mode
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)).train()
+    model[0].eval()  # mixed modes: the caller's choice must survive
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules())
+    assert model.training and not model[0].training and model[1].training
+    with pytest.raises(RuntimeError):
+        with eval_mode(model):
+            raise RuntimeError("boom")
+    assert model.training and not model[0].training and model[1].training
+    with pytest.raises(TypeError, match="nn.Module"):
+        with eval_mode("not a model"):
+            pass
