@@ -174,6 +174,10 @@ def execute_one(path: Path, timeout: int) -> dict:
 
 def run_chapters(cap: float, clock: Clock) -> dict:
     """Every chapter in its own process, ``CHAPTER_WORKERS`` at a time, none started past the cap."""
+    missing = [m for m in ("nbformat", "nbclient", "ipykernel") if importlib.util.find_spec(m) is None]
+    if missing:  # say why in the report rather than fail 16 times
+        return {"chapters": {}, "skipped_by_budget": [p.name for p in chapters()], "seconds": 0.0, "ok": False,
+                "not_run": f"missing {', '.join(missing)} (carry them as wheels: scripts/gpu_check.py --fetch-wheels)"}
     sys.path.insert(0, str(ROOT))
     from conftest import NOTEBOOK_ENV  # the environment of the canonical run (threads, hash seed, backend)
 
@@ -381,7 +385,9 @@ def summary(report: dict) -> List[str]:
         lines.append(f"(b) chapters: {len(c['chapters']) - len(bad)}/{len(c['chapters'])} ok in {c['seconds']} s"
                      f"; seconds {times}")
         lines += [f"    {n}: {r['status']}: {r['error'][:110]}" for n, r in bad.items()]
-        if c["skipped_by_budget"]:
+        if c.get("not_run"):
+            lines.append(f"    chapters not run: {c['not_run']}")
+        elif c["skipped_by_budget"]:
             lines.append(f"    not run (budget): {', '.join(c['skipped_by_budget'])}")
     a = report.get("attention")
     if a:
