@@ -10,13 +10,14 @@ STAMP := $(VENV)/.installed
 NBVAL := -m pytest -q -p no:cacheprovider --dist loadfile --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help venv site-assets book test test-unit test-notebooks test-site test-reader fuzz gpu-sweep execute serve lint clean
+.PHONY: help venv site-assets book test test-unit test-notebooks test-site test-reader fuzz gpu-sweep gpu-check execute serve lint clean
 
 help:
 	@echo "make book    build the site into _build/html"
 	@echo "make test    unit + property tests, nbval over every notebook, strict site build"
 	@echo "make fuzz    every public function on 2,000 generated calls each, with the example counts"
 	@echo "make gpu-sweep  compile every GPU kernel for sm_75/80/90 on this CPU: registers, spills (slow)"
+	@echo "make gpu-check  on a CUDA machine: gpu tests, every chapter on the GPU, the GPU benchmark (<= 8 min)"
 	@echo "make execute re-run every notebook in place (the canonical run whose outputs are committed)"
 	@echo "make test-reader  every chapter in a reader's environment (Colab's versions, no triton, notebook alone)"
 	@echo "make serve   serve _build/html on http://127.0.0.1:8000"
@@ -96,6 +97,15 @@ SWEEP_MINUTES ?=
 gpu-sweep: $(STAMP)
 	$(PY) benchmarks/triton_resources.py --jobs $(JOBS) $(if $(SWEEP_MINUTES),--max-minutes $(SWEEP_MINUTES))
 	$(PY) benchmarks/cuda_resources.py
+
+# Not part of `make test`: everything that needs a GPU, in at most 8 minutes on an H100/H200 (the gpu-marked tests,
+# every chapter executed on CUDA, the attention/flex/paged benchmark; benchmarks/results/gpu_<device>_<date>.json).
+# It needs the machine's CUDA build of torch, so it does not install requirements.txt (which pins the CPU build):
+# it runs .venv's python if there is one, else python3. Without CUDA it says so in one line and exits 0. How to run
+# it on a lent GPU machine with no network: the docstring of scripts/gpu_check.py and benchmarks/NOTES.md.
+GPU_PY := $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_PY) scripts/gpu_check.py
 
 execute: $(STAMP)
 	$(PY) scripts/execute_notebooks.py $(NOTEBOOKS)

@@ -25,6 +25,7 @@ __all__ = [
     "MAX_HEAD_DIM",
     "cuda_available",
     "cuda_supports",
+    "tensor_core_kernel",
     "triton_available",
     "triton_grid_reason",
     "triton_interpreting",
@@ -140,6 +141,22 @@ def triton_tensor_core_warning(device: torch.device) -> None:
 def triton_worth_choosing(inputs: AttentionInputs) -> bool:
     """May the automatic choice pick ``triton`` for these inputs? Never where it has no tensor cores."""
     return triton_uses_tensor_cores(inputs.query.device)
+
+
+def tensor_core_kernel(device: torch.device | str) -> Optional[str]:
+    """The book's own fused kernel that runs its products on ``device``'s tensor cores, or ``None`` (no GPU).
+
+    ``"triton"`` from sm_80 (Triton lowers ``tl.dot`` to HMMA on Ampere, HGMMA on Hopper); ``"cuda"`` before
+    sm_80, i.e. on Colab's T4 (sm_75): Triton emits no tensor-core instruction for sm_75 (0 HMMA and 0 HGMMA in
+    every kernel the committed report ``triton_resources.json`` compiled for it), while the CUDA backend's
+    level 2 drives them through WMMA (float16; bfloat16 WMMA needs sm_80). The automatic choice stays
+    ``torch`` on every GPU: on a T4, PyTorch's SDPA runs its memory-efficient kernel, which has float16
+    tensor-core builds for sm_75 (its FlashAttention-2 kernel needs sm_80).
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return "triton" if triton_uses_tensor_cores(device) else "cuda"
 
 
 def triton_supports(inputs: AttentionInputs) -> Optional[str]:
