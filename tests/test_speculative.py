@@ -220,10 +220,10 @@ def test_speculative_step_refuses_bad_inputs() -> None:
     p = torch.full((1, 3, 4), 0.25)
     q = torch.full((1, 2, 4), 0.25)
     x = torch.zeros(1, 2, dtype=torch.long)
-    for args, error, words in [((p, q, x + 4), ValueError, "draft_tokens"), ((p, q, x.int()), TypeError, "draft_tokens"),
-                               ((p * -1, q, x), ValueError, "target_probs"), ((p, q.double(), x), TypeError,
-                                                                              "draft_probs"),
-                               ((p[:, :2], q, x), ValueError, "target_probs"), ((p, q, x, 1), TypeError, "generator")]:
+    cases = [((p, q, x + 4), ValueError, "draft_tokens"), ((p, q, x.int()), TypeError, "draft_tokens"),
+             ((p * -1, q, x), ValueError, "target_probs"), ((p, q.double(), x), TypeError, "draft_probs"),
+             ((p[:, :2], q, x), ValueError, "target_probs"), ((p, q, x, 1), TypeError, "generator")]
+    for args, error, words in cases:
         with pytest.raises(error, match=words):
             speculative_step(*args)
     tokens, n = speculative_step(p[:0], q[:0], x[:0])
