@@ -180,3 +180,11 @@ def test_random_trace_and_memory_accounting_refuse_bad_arguments() -> None:
         kv_memory_usage(reqs, None, max_len=64)
     with pytest.raises(ValueError, match="schedule"):
         kv_memory_usage([Request(1, 0, 5, 4)], res, max_len=64)
+
+
+@pytest.mark.parametrize("fields", [(0, 0, 1, 10**400), (0, 2**63, 1, 1), (0, 0, 1, 2**50)])
+def test_traces_too_long_to_schedule_are_refused_before_any_step(fields) -> None:
+    for fn, args in ((static_batching, ([Request(*fields)], 1)), (continuous_batching, ([Request(*fields)], 1)),
+                     (serve, (_tiny_model(), [Request(*fields)], {0: torch.tensor([1])}, 1))):
+        with pytest.raises(TooLargeError, match="steps"):
+            within(20, fn, *args)

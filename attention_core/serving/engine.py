@@ -24,7 +24,7 @@ from attention_core._checks import check_int, check_tensor, fmt_shape, short_rep
 from attention_core.models.language_model import DecoderLM
 from attention_core.paged_attention import PAGED_PATHS, paged_attention
 from attention_core.serving.blocks import OutOfBlocks, PagedKVCache
-from attention_core.serving.scheduler import Request, check_requests
+from attention_core.serving.scheduler import Request, check_requests, check_steps
 from attention_core.training.modes import eval_mode
 
 __all__ = ["new_paged_cache", "paged_forward", "serve"]
@@ -143,6 +143,7 @@ def _check_serve(model, requests, prompts, max_batch, policy, num_blocks, block_
     _check_model(model)
     by_id = check_requests(requests)
     check_int(max_batch, "max_batch", low=1)
+    check_steps(requests)
     if not isinstance(policy, str) or policy not in ("static", "continuous"):
         raise ValueError(f"policy must be 'static' or 'continuous', got {short_repr(policy)}")
     check_int(num_blocks, "num_blocks", low=1)

@@ -25,8 +25,8 @@ import torch
 
 from attention_core._checks import check_fits, check_int, check_real, short_repr
 
-__all__ = ["Request", "ScheduleResult", "check_requests", "continuous_batching", "kv_memory_usage", "random_trace",
-           "static_batching"]
+__all__ = ["Request", "ScheduleResult", "check_requests", "check_steps", "continuous_batching", "kv_memory_usage",
+           "random_trace", "static_batching"]
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,22 @@ def check_requests(requests: Sequence[Request]) -> Dict[int, Request]:
 def _check(requests: Sequence[Request], max_batch: int) -> Dict[int, Request]:
     by_id = check_requests(requests)
     check_int(max_batch, "max_batch", low=1)
+    check_steps(requests)
     return by_id
+
+
+def check_steps(requests: Sequence[Request]) -> int:
+    """The step bound of a (checked) trace; raises :class:`~attention_core._checks.TooLargeError` when a
+    schedule that long (one record per step) could not be held in memory, before any step runs."""
+    bound = _step_bound(requests)
+    shown = min(bound, 2**63)  # a 400-digit bound must not overflow the message's float
+    check_fits(shown * _BYTES_PER_STEP, f"a schedule of up to {shown} steps (the requests' arrivals and output_len)",
+               "cpu")
+    return bound
+
+
+#: Bytes a schedule keeps per step (its ``running`` record), at the least.
+_BYTES_PER_STEP = 64
 
 
 def _step_bound(requests: Sequence[Request]) -> int:
