@@ -264,9 +264,10 @@ def test_schedulers(max_batch, fields, max_tokens):
 
     reqs = [Request(i, *f) for i, f in enumerate(fields)]
     for fn, kw in ((static_batching, {}), (continuous_batching, {"max_tokens": max_tokens})):
-        res = within(20, answer, fn, reqs, max_batch, **kw,
-                     names=["max_batch", "max_tokens"] + [f"requests[{i}].{n}" for i in range(len(reqs))
-                                                          for n in ("arrival", "prompt_len", "output_len", "rid")])
+        res = answer(lambda fn=fn, kw=kw: within(20, fn, reqs, max_batch, **kw),  # a hang fails, in a thread
+                     names=["max_batch", "max_tokens", "requests"] + [
+                         f"requests[{i}].{n}" for i in range(len(reqs)) for n in ("arrival", "prompt_len",
+                                                                                  "output_len", "rid")])
         if res is not None:
             assert set(res.finish) == {r.rid for r in reqs}
             assert all(len(r) <= max_batch for r in res.running)

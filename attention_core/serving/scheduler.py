@@ -93,7 +93,7 @@ def check_steps(requests: Sequence[Request]) -> int:
     schedule that long (one record per step) could not be held in memory, before any step runs."""
     bound = _step_bound(requests)
     shown = min(bound, 2**63)  # a 400-digit bound must not overflow the message's float
-    check_fits(shown * _BYTES_PER_STEP, f"a schedule of up to {shown} steps (the requests' arrivals and output_len)",
+    check_fits(shown * _BYTES_PER_STEP, f"requests whose arrivals and output_len need up to {shown} steps",
                "cpu")
     return bound
 
