@@ -12,6 +12,13 @@ A refused call must leave the cache exactly as it was. The refusals drawn: a tok
 batch of another size, positions past ``max_positions``, and a backend that refuses in a chosen layer (the
 first, or a later one, after earlier layers have already appended their keys and values).
 
+Crops and restores are drawn too: a full cache is cut back (a rolling one refuses), snapshots are taken and
+restored after anything (crops, appends, refusals, resets), and the restored cache must hold exactly what the
+snapshot saw; the paged sequence also draws the allocator's and the pool's refusals (bad block ids, double
+frees, unknown sequences, wrong writes) and checks that no block is lost. A scheduler machine grows a request
+trace with bad requests and settings among good ones: every refusal is immediate (each call runs under a time
+limit, so a hang fails), and both simulators and the real engine finish every request.
+
 Steps: ``make test`` (profile ``fuzz``) runs a few hundred; ``make fuzz`` (profile ``slow``) a few thousand.
 Hypothesis prints the counts with ``--hypothesis-show-statistics``; each test also prints its step count.
 """
@@ -25,6 +32,7 @@ import torch
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from test_scheduler import within
 
 import attention_core as ac
 from attention_core.backends import Backend, register_backend
@@ -32,6 +40,8 @@ from attention_core.models import language_model as lm
 from attention_core.models.latent_attention import LatentCache, MultiHeadLatentAttention
 from attention_core.paged_attention import gather_paged_kv
 from attention_core.serving.blocks import OutOfBlocks, PagedKVCache
+from attention_core.serving.engine import serve
+from attention_core.serving.scheduler import Request, continuous_batching, static_batching
 
 PROFILE = os.environ.get("AC_FUZZ_PROFILE", "fuzz")
 #: (examples, steps per example): about 300 steps in `make test`, 2,500 in `make fuzz`.
@@ -50,6 +60,7 @@ MODEL = MODELS["gqa"]
 CACHES = {"full": {}, "static": {"max_len": MAX_POS}, "window": {"window": 4}, "sinks": {"window": 3, "sinks": 1},
           "padded": {}}
 STEPS = {"model": 0, "latent": 0, "paged": 0}
+CACHE_EVENTS: dict = {}  # crops, refused crops and restores of the KVCache machine
 PAGED_EVENTS: dict = {}  # what the paged machine did, by kind: every refusal must have been tried
 
 # A backend that refuses the n-th attention call it is asked about (0: refuses nothing): the refusal then
@@ -154,13 +165,57 @@ class KVCacheMachine(RuleBasedStateMachine):
         _REFUSE["at"] = 0
         assert _same_state(before, _state(self.cache)), f"a refused call ({how}) changed the cache"
         event(f"refused: {how}")
+        CACHE_EVENTS[how] = CACHE_EVENTS.get(how, 0) + 1
 
     @rule(batch=st.integers(1, 3))
     def reset(self, batch):
         self.cache.reset()
         self.batch, self.accepted, self.last = batch, torch.zeros(batch, 0, dtype=torch.long), None
         self.pad = None
+        self.snaps = []
         event("reset" + (", batch changed" if batch != self.accepted.shape[0] else ""))
+
+    @rule(data=st.data())
+    def crop(self, data):
+        """A full cache is cut back to n tokens (speculative decoding's roll-back); a rolling cache, or n past
+        what it holds, is refused and changes nothing."""
+        n_held = self.accepted.shape[1]
+        low = 0 if self.pad is None else int(self.pad.max()) + 1  # a padded row keeps a real token
+        rolling = self.kind in ("window", "sinks")
+        if rolling or n_held < low or data.draw(st.integers(0, 4)) == 0:
+            before = _state(self.cache)
+            n = data.draw(st.integers(0, n_held)) if rolling else n_held + data.draw(st.integers(1, 3))
+            with pytest.raises(ValueError, match="crop|n="):
+                self.cache.crop(n)
+            assert _same_state(before, _state(self.cache)), "a refused crop changed the cache"
+            event("refused: crop")
+            CACHE_EVENTS["refused: crop"] = CACHE_EVENTS.get("refused: crop", 0) + 1
+            return
+        n = data.draw(st.integers(low, n_held))
+        self.cache.crop(n)
+        self.accepted, self.last = self.accepted[:, :n], None
+        event("crop")
+        CACHE_EVENTS["crop"] = CACHE_EVENTS.get("crop", 0) + 1
+
+    @rule()
+    def snapshot(self):
+        self.snaps = getattr(self, "snaps", [])[-2:] + [(self.cache.snapshot(), self.accepted.clone(), self.last,
+                                                         _state(self.cache), self.pad)]
+        event("snapshot")
+
+    @rule(data=st.data())
+    def restore(self, data):
+        """Back to a snapshot taken earlier, whatever happened since (crops, appends, refusals): exactly."""
+        if not getattr(self, "snaps", []):
+            return
+        snap, accepted, last, state, pad = data.draw(st.sampled_from(self.snaps))
+        if accepted.shape[0] != self.batch:  # a reset changed the batch: the snapshot is of the old one
+            return
+        self.cache.restore(snap)
+        self.accepted, self.last, self.pad = accepted.clone(), last, pad
+        assert _same_state(state, _state(self.cache)), "restore did not give back the snapshot's cache"
+        event("restore")
+        CACHE_EVENTS["restore"] = CACHE_EVENTS.get("restore", 0) + 1
 
     @invariant()
     def equals_recomputation(self):
@@ -175,7 +230,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         with torch.no_grad():                                                   # outgrow the table
             for t0 in range(0, n, chunk):
                 full = self.model(self.accepted[:, t0 : t0 + chunk], fresh, pad=self.pad if t0 == 0 else None)
-        if self.pad is not None:  # each row alone, without its padding, computes the same last logits
+        if self.pad is not None and self.last is not None:  # each row alone, without its padding, computes the same
             with torch.no_grad():
                 for b in range(self.batch):
                     alone = self.model(self.accepted[b : b + 1, int(self.pad[b]) :]).logits[0, -1]
@@ -184,7 +239,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         for layer in range(LAYERS):
             torch.testing.assert_close(self.cache.keys[layer], fresh.keys[layer], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(self.cache.values[layer], fresh.values[layer], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(self.last, full.logits[:, -1], atol=1e-5, rtol=1e-5)
+        if self.last is not None:
+            torch.testing.assert_close(self.last, full.logits[:, -1], atol=1e-5, rtol=1e-5)
 
 
 MLA = MultiHeadLatentAttention(embed_dim=16, num_heads=2, head_dim=8, kv_latent_dim=8, rope_dim=4,
@@ -243,6 +299,18 @@ class LatentCacheMachine(RuleBasedStateMachine):
         self.cache.reset()
         self.batch, self.x, self.last = batch, torch.zeros(batch, 0, 16), None
 
+    @rule(take=st.booleans())
+    def snapshot_or_restore(self, take):
+        """A snapshot, or a restore of the last one (whatever was appended or reset since): exactly."""
+        if take or not hasattr(self, "snap"):
+            self.snap = (self.cache.snapshot(), self._snap(), self.x.clone(), self.last, self.batch)
+            return
+        snap, tensors, x, last, batch = self.snap
+        self.cache.restore(snap)
+        assert self._unchanged(tensors), "restore did not give back the snapshot's latents"
+        self.x, self.last, self.batch = x.clone(), last, batch
+        event("latent: restore")
+
     @invariant()
     def equals_recomputation(self):
         STEPS["latent"] += 1
@@ -259,10 +327,14 @@ class LatentCacheMachine(RuleBasedStateMachine):
 
 def test_kv_cache_is_transactional():
     STEPS["model"] = 0
+    CACHE_EVENTS.clear()
     KVCacheMachine.TestCase.settings = MACHINE
     KVCacheMachine.TestCase().runTest()
-    print(f"KVCache state machine: {STEPS['model']} checked steps")
+    print(f"KVCache state machine: {STEPS['model']} checked steps, {CACHE_EVENTS}")
     assert STEPS["model"] >= RUNS[0]
+    kinds = {"vocab high", "vocab negative", "batch", "backend, first layer", "backend, later layer", "crop",
+             "refused: crop", "restore"}
+    assert kinds <= set(CACHE_EVENTS), f"never drawn: {kinds - set(CACHE_EVENTS)}"
 
 
 def test_latent_cache_is_transactional():
@@ -350,6 +422,75 @@ class PagedSequenceMachine(RuleBasedStateMachine):
         event(f"paged: refused ({how})")
         PAGED_EVENTS[how] = PAGED_EVENTS.get(how, 0) + 1
 
+    def _note(self, kind):
+        event(f"paged: {kind}")
+        PAGED_EVENTS[kind] = PAGED_EVENTS.get(kind, 0) + 1
+
+    @rule(data=st.data())
+    def crop(self, data):
+        """Sequence 0 cut back to n tokens, in the pool (blocks past them let go of); n past its length refused."""
+        n_held = self.accepted.shape[1]
+        view = self.pool.sequence_view(0)
+        if data.draw(st.integers(0, 4)) == 0:
+            before = self._state()
+            with pytest.raises(ValueError, match="n"):
+                view.crop(n_held + data.draw(st.integers(1, 3)))
+            assert before[:4] == self._state()[:4], "a refused crop changed the pool"
+            self._note("refused crop")
+            return
+        n = data.draw(st.integers(0, n_held))
+        view.crop(n)
+        self.accepted, self.last = self.accepted[:, :n], None
+        assert self.pool.lengths[0] == n and len(self.pool.tables[0]) == -(-n // self.BLOCK)
+        self._note("crop")
+
+    @rule()
+    def snapshot(self):
+        snaps = getattr(self, "snaps", [])
+        self.snaps = snaps[-1:] + [(self.pool.sequence_view(0).snapshot(), self.accepted.clone(), self.last,
+                                    self._state())]
+        self._note("snapshot")
+
+    @rule(data=st.data())
+    def restore(self, data):
+        """Back to an earlier snapshot of sequence 0, whatever happened since (crops, appends, forks)."""
+        if not getattr(self, "snaps", []):
+            self.snapshot()
+            return
+        snap, accepted, last, state = data.draw(st.sampled_from(self.snaps))
+        self.pool.sequence_view(0).restore(snap)
+        self.accepted, self.last = accepted.clone(), last
+        now = self._state()
+        assert now[0][0] == state[0][0] and now[1][0] == state[1][0], "restore gave back another table or length"
+        i = sorted(state[0]).index(0)  # sequence 0's tokens, in every layer, as they were
+        n_seqs = len(state[0])
+        for layer in range(LAYERS):
+            for kv in range(2):
+                old = state[4][layer * 2 * n_seqs + 2 * i + kv]
+                new = now[4][layer * 2 * len(now[0]) + 2 * sorted(now[0]).index(0) + kv]
+                assert torch.equal(old, new), "restore gave back other tokens"
+        self._note("restore")
+
+    @rule(how=st.sampled_from(["free -1", "free out of range", "double free", "fork a free block", "free a float",
+                               "unknown sequence", "write a wrong dtype", "fork onto an existing child"]))
+    def refused_bookkeeping(self, how):
+        """The allocator and the pool refuse bad ids, double frees and wrong writes, changing nothing."""
+        alloc, before = self.pool.allocator, self._state()
+        free_block = alloc._free[-1] if alloc._free else None
+        calls = {"free -1": lambda: alloc.free(-1), "free out of range": lambda: alloc.free(self.BLOCKS),
+                 "double free": lambda: alloc.free(free_block), "fork a free block": lambda: alloc.fork(free_block),
+                 "free a float": lambda: alloc.free(0.0), "unknown sequence": lambda: self.pool.reserve(7, 1),
+                 "write a wrong dtype": lambda: self.pool.write(0, 0, range(0, 0), torch.zeros(1, 0, 8).double(),
+                                                                torch.zeros(1, 0, 8).double()),
+                 "fork onto an existing child": lambda: self.pool.fork(0, 0)}
+        if free_block is None and how in ("double free", "fork a free block"):
+            return
+        with pytest.raises((TypeError, ValueError)):
+            calls[how]()
+        after = self._state()
+        assert before[:4] == after[:4], f"a refused call ({how}) changed the pool's bookkeeping"
+        self._note(how)
+
     @invariant()
     def equals_recomputation(self):
         STEPS["paged"] += 1
@@ -366,15 +507,107 @@ class PagedSequenceMachine(RuleBasedStateMachine):
             v = gather_paged_kv(self.pool.values[layer], table[0], n)[None]
             torch.testing.assert_close(k, fresh.keys[layer][:, :, :n], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(v, fresh.values[layer][:, :, :n], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(self.last, full.logits[:, -1], atol=1e-5, rtol=1e-5)
+        if self.last is not None:
+            torch.testing.assert_close(self.last, full.logits[:, -1], atol=1e-5, rtol=1e-5)
+
+    @invariant()
+    def no_block_lost(self):
+        """Every block is free, or held by a table or a live snapshot's pin, exactly as often as counted."""
+        alloc = self.pool.allocator
+        owners = [0] * self.BLOCKS
+        for table in self.pool.tables.values():
+            for b in table:
+                owners[b] += 1
+        for snaps in self.pool._live.values():
+            for snap in snaps:
+                for b in snap.pins:
+                    owners[b] += 1
+        assert [alloc.refcount(b) for b in range(self.BLOCKS)] == owners
+        assert sorted(alloc._free) == [b for b in range(self.BLOCKS) if owners[b] == 0]
 
 
 def test_paged_sequence_is_transactional():
     STEPS["paged"] = 0
     PAGED_EVENTS.clear()
-    PagedSequenceMachine.TestCase.settings = MACHINE
+    PagedSequenceMachine.TestCase.settings = settings(MACHINE, stateful_step_count=2 * RUNS[1])  # more rules
     PagedSequenceMachine.TestCase().runTest()
     print(f"paged sequence state machine: {STEPS['paged']} checked steps, {PAGED_EVENTS}")
     assert STEPS["paged"] >= RUNS[0]
-    kinds = {"vocab", "backend, first layer", "backend, later layer", "out of blocks", "fork"}
+    kinds = {"vocab", "backend, first layer", "backend, later layer", "out of blocks", "fork", "crop", "refused crop",
+             "snapshot", "restore", "free -1", "free out of range", "double free", "fork a free block",
+             "free a float", "unknown sequence", "write a wrong dtype", "fork onto an existing child"}
     assert kinds <= set(PAGED_EVENTS), f"never drawn: {kinds - set(PAGED_EVENTS)}"
+
+
+# ------------------------------------------------------------------------------------------------ scheduler
+
+SCHED_EVENTS: dict = {}
+TINY = lm.build_language_model(dict(vocab_size=V, d_model=8, num_layers=1, num_heads=2, max_positions=24, seed=0))
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """A request trace grows request by request; bad requests and bad settings are refused at once (never a
+    hang: every call runs under a time limit), and after every step both simulators and the real engine
+    finish every request with its tokens, at most ``max_batch`` at a time, the engine in the simulator's steps."""
+
+    @initialize(max_batch=st.integers(1, 3))
+    def start(self, max_batch):
+        self.max_batch, self.trace = max_batch, []
+
+    def _note(self, kind):
+        event(f"scheduler: {kind}")
+        SCHED_EVENTS[kind] = SCHED_EVENTS.get(kind, 0) + 1
+
+    @rule(arrival=st.integers(0, 4), prompt=st.integers(1, 5), out=st.integers(1, 5))
+    def add(self, arrival, prompt, out):
+        if len(self.trace) < 5:
+            self.trace.append(Request(len(self.trace), arrival, prompt, out))
+            self._note("add")
+
+    @rule(how=st.sampled_from(["fractional prompt_len", "fractional output_len", "zero output_len",
+                               "negative arrival", "repeated rid", "bool field", "max_batch 0",
+                               "fractional max_batch"]))
+    def refused(self, how):
+        trace, max_batch = list(self.trace), self.max_batch
+        bad = {"fractional prompt_len": Request(99, 0, 2.5, 1), "fractional output_len": Request(99, 0, 2, 1.5),
+               "zero output_len": Request(99, 0, 2, 0), "negative arrival": Request(99, -1, 2, 1),
+               "repeated rid": Request(trace[0].rid if trace else 99, 0, 2, 1), "bool field": Request(99, 0, True, 1)}
+        if how in bad:
+            trace = trace + [bad[how]] + ([] if trace or how != "repeated rid" else [bad[how]])
+        else:
+            max_batch = 0 if how == "max_batch 0" else 1.5
+        prompts = {r.rid: torch.zeros(2, dtype=torch.long) for r in trace}
+        for fn, args in ((static_batching, (trace, max_batch)), (continuous_batching, (trace, max_batch)),
+                         (serve, (TINY, trace, prompts, max_batch))):
+            with pytest.raises((TypeError, ValueError)):
+                within(30, fn, *args)
+        self._note(how)
+
+    @invariant()
+    def every_request_finishes(self):
+        if not self.trace:
+            return
+        for simulate in (static_batching, continuous_batching):
+            res = within(30, simulate, self.trace, self.max_batch)
+            last: dict = {}
+            for running in res.running:
+                assert len(running) <= self.max_batch
+                last.update(running)
+            assert last == {r.rid: r.output_len for r in self.trace}
+        if len(self.trace) % 2:  # the real engine, every other trace length (it runs a model)
+            g = torch.Generator().manual_seed(len(self.trace))
+            prompts = {r.rid: torch.randint(0, V, (r.prompt_len,), generator=g) for r in self.trace}
+            out, steps, _ = within(60, serve, TINY, self.trace, prompts, self.max_batch, num_blocks=64,
+                                   block_size=4)
+            assert steps == continuous_batching(self.trace, self.max_batch).steps
+            assert {i: len(t) for i, t in out.items()} == {r.rid: r.output_len for r in self.trace}
+
+
+def test_scheduler_and_engine_refuse_at_once_and_always_finish():
+    SCHED_EVENTS.clear()
+    SchedulerMachine.TestCase.settings = MACHINE
+    SchedulerMachine.TestCase().runTest()
+    print(f"scheduler state machine: {SCHED_EVENTS}")
+    kinds = {"add", "fractional prompt_len", "fractional output_len", "zero output_len", "negative arrival",
+             "repeated rid", "bool field", "max_batch 0", "fractional max_batch"}
+    assert kinds <= set(SCHED_EVENTS), f"never drawn: {kinds - set(SCHED_EVENTS)}"

@@ -168,3 +168,120 @@ def test_checkpoint_refuses_a_wrong_checksum(saved, sha):
     if got is not None:
         assert sha == right
         assert all(torch.equal(a, b) for a, b in zip(got.state_dict().values(), MODEL.state_dict().values()))
+
+
+# ------------------------------------------------------------------------ paged attention and serving (issue 37)
+
+
+@st.composite
+def paged_calls(draw):
+    """A valid paged call (random tables with padding entries pointing anywhere, NaN/inf in some slots, some of
+    them stale), or one argument replaced by something odd."""
+    seed = draw(st.integers(0, 2**31))
+    g = torch.Generator().manual_seed(seed)
+    B, H, group, L = draw(st.integers(0, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(0, 3))
+    E, bs, N = draw(st.integers(1, 5)), draw(st.sampled_from([1, 2, 4])), draw(st.integers(1, 8))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.float16]))
+    width = draw(st.integers(1, 4))
+    lens = torch.randint(L, max(L, width * bs) + 1, (B,), generator=g)
+    table = torch.randint(0, N, (B, width), generator=g)
+    kc = torch.randn(N, H, bs, E, generator=g).to(dtype)
+    vc = torch.randn(N, H, bs, E + 1, generator=g).to(dtype)
+    for t in (kc, vc):
+        if draw(st.integers(0, 2)) == 0:
+            t.view(-1)[draw(st.integers(0, t.numel() - 1))] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+    args = {"query": torch.randn(B, H * group, L, E, generator=g).to(dtype), "key_cache": kc, "value_cache": vc,
+            "block_table": table, "seq_lens": lens, "scale": draw(st.none() | st.floats(0.1, 2.0)),
+            "path": draw(st.sampled_from(["chunked", "gather"]))}
+    if draw(st.integers(0, 3)) == 0:
+        name = draw(st.sampled_from(sorted(args)))
+        args[name] = draw(ODD | tensors(max_rank=4, max_dim=3))
+    return args
+
+
+@SMALL
+@given(call=paged_calls())
+def test_paged_attention(call):
+    from attention_core.paged_attention import paged_attention
+
+    out = answer(paged_attention, **call, names=["query", "key_cache", "value_cache", "block_table", "seq_lens",
+                                                  "scale", "path"])
+    if out is None:
+        return
+    q, v = call["query"], call["value_cache"]
+    assert out.shape == (*q.shape[:3], v.shape[3]) and out.dtype == q.dtype
+    other = paged_attention(**(call | {"path": "gather" if call["path"] == "chunked" else "chunked"}))
+    assert torch.equal(torch.isfinite(out), torch.isfinite(other)), "the paths disagree on which rows are NaN"
+    tol = 1e-12 if q.dtype == torch.float64 else (1e-5 if q.dtype == torch.float32 else 5e-3)
+    fin = torch.isfinite(out)
+    assert torch.allclose(out[fin].double(), other[fin].double(), atol=tol, rtol=tol)
+    event(f"paged: {'some NaN rows' if not fin.all() else 'finite'}")
+
+
+@settings(FUZZ)
+@given(ops=st.lists(st.tuples(st.sampled_from(["allocate", "free", "fork", "refcount"]),
+                              mostly(st.integers(-1, 4), ODD)), max_size=12))
+def test_block_allocator(ops):
+    from attention_core.serving.blocks import BlockAllocator, OutOfBlocks
+
+    a = BlockAllocator(4)
+    refs = [0] * 4
+    for op, block in ops:
+        if op == "allocate":
+            try:
+                b = a.allocate()
+            except OutOfBlocks:
+                assert 0 not in refs
+                continue
+            assert 0 <= b < 4 and refs[b] == 0
+            refs[b] = 1
+            continue
+        before = list(refs)
+        got = answer(getattr(a, op), block, names=["block"])
+        if got is None and op != "free":
+            assert [a.refcount(i) for i in range(4)] == before, "a refused call changed the counts"
+            continue
+        if op == "free" and not (isinstance(block, int) and not isinstance(block, bool) and 0 <= block < 4
+                                 and refs[block] > 0):
+            assert [a.refcount(i) for i in range(4)] == before, "a refused free changed the counts"
+            continue
+        if op == "fork":
+            refs[block] += 1
+        elif op == "free":
+            refs[block] -= 1
+        assert [a.refcount(i) for i in range(4)] == refs
+    assert a.num_free == refs.count(0)
+
+
+@settings(FUZZ)
+@given(max_batch=mostly(st.integers(1, 3), ODD), fields=st.lists(st.tuples(
+    mostly(st.integers(0, 3), ODD), mostly(st.integers(1, 3), ODD), mostly(st.integers(1, 3), ODD)), max_size=4),
+       max_tokens=mostly(st.none() | st.integers(1, 20), ODD))
+def test_schedulers(max_batch, fields, max_tokens):
+    from test_scheduler import within
+
+    from attention_core.serving.scheduler import Request, continuous_batching, static_batching
+
+    reqs = [Request(i, *f) for i, f in enumerate(fields)]
+    for fn, kw in ((static_batching, {}), (continuous_batching, {"max_tokens": max_tokens})):
+        res = answer(lambda fn=fn, kw=kw: within(20, fn, reqs, max_batch, **kw),  # a hang fails, in a thread
+                     names=["max_batch", "max_tokens", "requests"] + [
+                         f"requests[{i}].{n}" for i in range(len(reqs)) for n in ("arrival", "prompt_len",
+                                                                                  "output_len", "rid")])
+        if res is not None:
+            assert set(res.finish) == {r.rid for r in reqs}
+            assert all(len(r) <= max_batch for r in res.running)
+
+
+@settings(FUZZ)
+@given(logits=mostly(st.builds(lambda n, v, s: torch.randn(n, v, generator=torch.Generator().manual_seed(s)),
+                               st.integers(0, 3), st.integers(1, 5), st.integers(0, 99)),
+                     tensors(max_rank=3, max_dim=4), ODD),
+       temperature=mostly(st.sampled_from([0.0, 0.5, 1.0]), ODD))
+def test_next_token_probs(logits, temperature):
+    from attention_core.serving.speculative import next_token_probs
+
+    p = answer(next_token_probs, logits, temperature, names=["logits", "temperature"])
+    if p is not None and torch.isfinite(logits).all():
+        assert p.shape == logits.shape and torch.allclose(p.sum(-1).double(), torch.ones(p.shape[:-1]).double(),
+                                                          atol=1e-3)

@@ -345,3 +345,41 @@ def test_a_refusal_after_an_eviction_leaves_a_rolling_cache_unchanged() -> None:
     assert (len(cache), cache.seen) == before[2:]
     assert all(torch.equal(a, b) for a, b in zip(before[0], cache.keys))
     assert all(torch.equal(a, b) for a, b in zip(before[1], cache.values))
+
+
+# ------------------------------------------------------------------------ issue 37: exact restore
+
+
+@pytest.mark.parametrize("kind", ["GQA", "MLA"])
+@pytest.mark.parametrize("max_len", [None, 16])
+def test_restore_after_crop_and_append_is_exact(kind: str, max_len) -> None:
+    """snapshot, crop, append (into the slots the snapshot still counts), restore: the cache holds exactly
+    what it held at the snapshot (an append after a crop writes into a copy while a snapshot lives). The
+    latent model's cache holds its rotary keys and latents in the same KVCache."""
+    model = sharp_model(kind)
+    cache = model.new_cache(max_len=max_len)
+    with torch.no_grad():
+        model(rand_tokens(2, 6), cache)
+        want = [t.clone() for t in cache.keys + cache.values]
+        snap = cache.snapshot()
+        cache.crop(3)
+        model(rand_tokens(2, 2, seed=5), cache)
+        cache.restore(snap)
+        assert len(cache) == cache.seen == 6
+        assert all(torch.equal(a, b) for a, b in zip(want, cache.keys + cache.values))
+        nxt = rand_tokens(2, 1, seed=9)
+        got = model(nxt, cache).logits[:, -1]
+    cache2 = model.new_cache()  # the restored cache continues as if the crop and the append never happened
+    with torch.no_grad():
+        model(rand_tokens(2, 6), cache2)
+        ref = model(nxt, cache2).logits[:, -1]
+    assert torch.allclose(got, ref, atol=1e-5)
+
+
+def test_restore_refuses_a_foreign_state() -> None:
+    model = sharp_model()
+    a, b = model.new_cache(), model.new_cache()
+    with pytest.raises(ValueError, match="state"):
+        a.restore(b.snapshot())
+    with pytest.raises(TypeError, match="state"):
+        a.restore((1, 2))

@@ -61,3 +61,16 @@ def test_loading_minilm_leaves_the_global_rng_alone() -> None:
     except Exception as err:  # the weights package is a book extra
         pytest.skip(f"MiniLM weights not installed: {err}")
     _untouched(pretrained.load_minilm)
+
+
+def test_greedy_serving_and_speculative_decoding_leave_the_global_rng_alone() -> None:
+    from attention_core.serving.engine import serve
+    from attention_core.serving.scheduler import Request
+    from attention_core.serving.speculative import speculative_generate
+
+    config = {"vocab_size": 11, "d_model": 16, "num_layers": 1, "num_heads": 2, "max_positions": 40}
+    target, draft = lm.build_language_model(config | {"seed": 0}), lm.build_language_model(config | {"seed": 1})
+    _untouched(lambda: speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), 10, gamma=3,
+                                            temperature=0.0))
+    _untouched(lambda: serve(target, [Request(0, 0, 3, 4), Request(1, 1, 2, 3)],
+                             {0: torch.tensor([1, 2, 3]), 1: torch.tensor([4, 5])}, max_batch=2))

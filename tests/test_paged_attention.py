@@ -4,6 +4,7 @@ prefixes after a copy-on-write, GQA and several query tokens; the Triton kernel 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 import attention_core as ac
+from attention_core._checks import TooLargeError
 from attention_core.paged_attention import gather_paged_kv, paged_attention
 from attention_core.serving.blocks import PagedKVCache
 
@@ -125,6 +127,23 @@ _TRITON_SCRIPT = textwrap.dedent("""
         q, kc, vc, table, lens, ks, vs = _random_paged(seed, B, Hq, H, L, E, bs)
         out = paged_attention(q, kc, vc, table, lens, path="triton")
         errs[str(seed)] = float((out.double() - _contiguous(q, ks, vs, lens)).abs().max())
+        # float64 stays float64 (the kernel computes in it)
+        q64, kc64, vc64 = q.double(), kc.double(), vc.double()
+        out64 = paged_attention(q64, kc64, vc64, table, lens, path="triton")
+        assert out64.dtype == torch.float64
+        errs[str(seed) + " float64 / 1e6"] = float((out64 - _contiguous(q, ks, vs, lens)).abs().max()) * 1e6
+    from test_paged_attention import _poisoned_pool
+    q, kc, vc, table, lens = _poisoned_pool()
+    out = paged_attention(q, kc, vc, table, lens, path="triton")
+    ref = paged_attention(q, kc, vc, table, lens, path="gather")
+    errs["poisoned pool"] = float((out - ref).abs().max()) if bool(torch.isfinite(out).all()) else 1.0
+    kc2, vc2 = kc.clone(), vc.clone()
+    kc2[1, :, 3], vc2[1, :, 3] = float("inf"), float("nan")
+    q2 = torch.randn(1, 2, 2, 16, dtype=torch.float64)
+    o2 = paged_attention(q2, kc2, vc2, torch.tensor([[1]]), torch.tensor([4]), path="triton")
+    r2 = paged_attention(q2, kc2, vc2, torch.tensor([[1]]), torch.tensor([4]), path="gather")
+    same = bool(torch.equal(torch.isfinite(o2), torch.isfinite(r2))) and bool(torch.isnan(o2[:, :, 1]).all())
+    errs["nan policy"] = float((o2[:, :, 0] - r2[:, :, 0]).abs().max()) if same else 1.0
     print(json.dumps(errs))
 """)
 
@@ -167,3 +186,133 @@ def test_the_model_runs_on_a_paged_sequence_cache() -> None:
         ref_b = model(torch.cat([text[:, :5], torch.tensor([[7]])], 1)).logits[0, -1]
     assert (a - ref_a).abs().max() <= 1e-5 and (b - ref_b).abs().max() <= 1e-5
     assert pool.lengths == {0: 7, 1: 6} and pool.tables[0][0] == pool.tables[1][0]
+
+
+# ------------------------------------------------------------------------ issue 37: the core's standard
+
+
+def _poisoned_pool(dtype=torch.float64):
+    """Two sequences whose pools hold inf/NaN only where they must not be read: sequence 0 (2 tokens in block 0)
+    has stale slots 2, 3 of inf keys and NaN values, and its padding table entry points at block 0; sequence 1
+    (5 tokens, blocks 1 and 2) has NaN keys and inf values in the stale slots of block 2."""
+    g = torch.Generator().manual_seed(0)
+    H, E, bs = 2, 16, 4
+    kc = torch.randn(8, H, bs, E, generator=g, dtype=dtype)
+    vc = torch.randn(8, H, bs, E, generator=g, dtype=dtype)
+    kc[0, :, 2:], vc[0, :, 2:] = math.inf, math.nan
+    kc[2, :, 1:], vc[2, :, 1:] = math.nan, math.inf
+    table, lens = torch.tensor([[0, 0], [1, 2]]), torch.tensor([2, 5])
+    q = torch.randn(2, H, 1, E, generator=g, dtype=dtype)
+    return q, kc, vc, table, lens
+
+
+@pytest.mark.parametrize("path", ["gather", "chunked"])
+def test_stale_and_padding_slots_never_poison_another_sequence(path) -> None:
+    q, kc, vc, table, lens = _poisoned_pool()
+    out = paged_attention(q, kc, vc, table, lens, path=path)
+    assert torch.isfinite(out).all(), f"{path}: a stale slot or a padding entry reached an output"
+    clean_k, clean_v = kc.nan_to_num(0.0, 0.0, 0.0), vc.nan_to_num(0.0, 0.0, 0.0)
+    ref = paged_attention(q, clean_k, clean_v, table, lens, path="gather")  # stale slots never read anyway
+    assert (out - ref).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("path", ["gather", "chunked"])
+def test_a_later_tokens_nan_never_reaches_an_earlier_query(path) -> None:
+    """L = 2 queries over 4 tokens: the last token's NaN value and inf key are read by the last query only (its
+    row is NaN, the core's policy); the first query's row is finite and equal on every path."""
+    q, kc, vc, _, _ = _poisoned_pool()
+    kc, vc = kc.clone(), vc.clone()
+    kc[1, :, 3], vc[1, :, 3] = math.inf, math.nan
+    q2 = torch.randn(1, 2, 2, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    table, lens = torch.tensor([[1]]), torch.tensor([4])
+    out = paged_attention(q2, kc, vc, table, lens, path=path)
+    assert torch.isfinite(out[:, :, 0]).all() and torch.isnan(out[:, :, 1]).all()
+    ref = paged_attention(q2[:, :, :1], kc, vc, table, lens - 1, path="gather")  # the first query, alone
+    assert (out[:, :, :1] - ref).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("path", ["gather", "chunked"])
+def test_float64_is_computed_in_float64(path) -> None:
+    q, kc, vc, table, lens, ks, vs = _random_paged(4, 3, 4, 2, 2, 16, 4)
+    q, kc, vc = q.double() * 3, kc.double(), vc.double()
+    ks, vs = [k.double() for k in ks], [v.double() for v in vs]
+    out = paged_attention(q, kc, vc, table, lens, path=path)
+    assert out.dtype == torch.float64
+    assert (out - _contiguous(q, ks, vs, lens)).abs().max() <= 1e-12  # float32 arithmetic errs by ~1e-7
+
+
+def test_strided_and_broadcast_inputs_equal_contiguous_ones() -> None:
+    q, kc, vc, table, lens, ks, vs = _random_paged(6, 2, 2, 2, 1, 8, 4)
+    want = paged_attention(q, kc, vc, table, lens)
+    kt = kc.transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
+    for path in ("gather", "chunked"):
+        assert torch.allclose(paged_attention(q, kt, vc, table, lens, path=path), want, atol=1e-6)
+        assert torch.allclose(paged_attention(q, kc, vc, table.t().contiguous().t(), lens.int(), path=path), want,
+                              atol=1e-6)
+    one = kc[:1].expand(64, -1, -1, -1)  # stride 0: every block is block 0
+    out = paged_attention(q, one, one, table, lens)
+    assert torch.allclose(out, paged_attention(q, one.contiguous(), one.contiguous(), table, lens, path="gather"),
+                          atol=1e-6)
+
+
+def test_errors_name_the_argument_and_refuse_before_work() -> None:
+    q, kc, vc, table, lens, *_ = _random_paged(0, 2, 2, 2, 1, 8, 4)
+    cases = [
+        (TypeError, "key_cache", dict(key_cache=kc.double())),
+        (TypeError, "query", dict(query=q.long())),
+        (TypeError, "block_table", dict(block_table=table.float())),
+        (TypeError, "seq_lens", dict(seq_lens=lens.float())),
+        (ValueError, "meta", dict(query=q.to("meta"), key_cache=kc.to("meta"), value_cache=vc.to("meta"),
+                                  block_table=table.to("meta"), seq_lens=lens.to("meta"))),
+        (ValueError, "block_table", dict(block_table=table.to("meta"))),
+        (ValueError, "E >= 1", dict(query=q[..., :0], key_cache=kc[..., :0])),
+        (ValueError, "H >= 1", dict(query=q[:, :0], key_cache=kc[:, :0], value_cache=vc[:, :0])),
+        (ValueError, "block_size", dict(key_cache=kc[:, :, :0], value_cache=vc[:, :, :0])),
+        (ValueError, "scale", dict(scale=math.nan)),
+        (TypeError, "scale", dict(scale="1")),
+        (ValueError, "path", dict(path=None)),
+        (ValueError, "block_table", dict(block_table=torch.full_like(table, -1))),
+    ]
+    for error, words, change in cases:
+        args = dict(query=q, key_cache=kc, value_cache=vc, block_table=table, seq_lens=lens) | change
+        with pytest.raises(error, match=words):
+            paged_attention(**args)
+    # a stride-0 block table that claims 2**40 tokens is refused before anything the size of it is allocated
+    huge = torch.zeros(1, 1, dtype=torch.long).expand(1, 2**40)
+    with pytest.raises(TooLargeError, match="seq_lens"):
+        paged_attention(q[:1], kc, vc, huge, torch.tensor([2**40 * 4]))
+
+
+def test_empty_batches_and_zero_queries_give_empty_outputs() -> None:
+    q, kc, vc, table, lens, *_ = _random_paged(0, 2, 2, 2, 1, 8, 4)
+    for path in ("gather", "chunked"):
+        assert paged_attention(q[:0], kc, vc, table[:0], lens[:0], path=path).shape == (0, 2, 1, 8)
+        assert paged_attention(q[:, :, :0], kc, vc, table, lens, path=path).shape == (2, 2, 0, 8)
+
+
+def test_paged_forward_refuses_before_reserving() -> None:
+    """A bad token (or a wrong batch, a position past the model) leaves every sequence's length and table as
+    they were: the check runs before any block is reserved."""
+    from attention_core.models.language_model import build_language_model
+    from attention_core.serving.engine import new_paged_cache, paged_forward
+
+    model = build_language_model({"vocab_size": 11, "d_model": 16, "num_layers": 2, "num_heads": 2,
+                                  "max_positions": 12, "seed": 0}).eval()
+    cache = new_paged_cache(model, 8, block_size=4)
+    cache.add_sequence(0), cache.add_sequence(1)
+    paged_forward(model, cache, [0], torch.tensor([[1, 2, 3]]))
+    before = ({s: list(t) for s, t in cache.tables.items()}, dict(cache.lengths), cache.allocator.num_free)
+    bad = [(ValueError, "tokens", [0, 1], torch.tensor([[1, 2], [3, 11]])),
+           (ValueError, "tokens", [0, 1], torch.tensor([[1, 2]])),
+           (ValueError, "max_positions", [0], torch.ones(1, 10, dtype=torch.long)),
+           (ValueError, "seqs", [0, 0], torch.ones(2, 1, dtype=torch.long)),
+           (ValueError, "seqs", [7], torch.ones(1, 1, dtype=torch.long)),
+           (TypeError, "model", [0], torch.ones(1, 1, dtype=torch.long))]
+    for error, words, seqs, tokens in bad:
+        with pytest.raises(error, match=words):
+            paged_forward(model if words != "model" else None, cache, seqs, tokens)
+        assert ({s: list(t) for s, t in cache.tables.items()}, dict(cache.lengths),
+                cache.allocator.num_free) == before, f"a refused call ({words}) changed the cache"
+    with pytest.raises(ValueError, match="path"):  # refused after reserving: rolled back
+        paged_forward(model, cache, [0, 1], torch.ones(2, 1, dtype=torch.long), path="nope")
+    assert ({s: list(t) for s, t in cache.tables.items()}, dict(cache.lengths), cache.allocator.num_free) == before

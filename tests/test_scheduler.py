@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attention_core._checks import TooLargeError
 from attention_core.models.language_model import build_language_model, generate
 from attention_core.serving.engine import serve
 from attention_core.serving.scheduler import (
@@ -69,3 +70,121 @@ def test_real_engine_matches_greedy_and_the_simulator(policy, simulate) -> None:
     for r in reqs:
         ref = generate(model, prompts[r.rid][None], r.output_len, temperature=0.0)[0, r.prompt_len :]
         assert out[r.rid] == ref.tolist(), f"request {r.rid}"
+
+
+# ------------------------------------------------------------------------ issue 37: validation, termination
+
+
+def within(seconds: float, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a daemon thread; a call still running after ``seconds`` fails the test (a
+    hang fails instead of blocking the suite). Returns the result or re-raises the call's exception."""
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["out"] = fn(*args, **kwargs)
+        except BaseException as err:  # handed to the test's thread
+            box["err"] = err
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{getattr(fn, '__name__', fn)} did not return within {seconds} s (a loop that spins)"
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+def _tiny_model():
+    return build_language_model({"vocab_size": 17, "d_model": 16, "num_layers": 1, "num_heads": 2,
+                                 "max_positions": 32, "seed": 3})
+
+
+BAD_SERVE = [
+    (ValueError, "max_batch", dict(max_batch=0)), (TypeError, "max_batch", dict(max_batch=1.5)),
+    (TypeError, "prompt_len", dict(requests=[Request(0, 0, 2.5, 2)])),
+    (TypeError, "output_len", dict(requests=[Request(0, 0, 2, 1.5)])),
+    (ValueError, "output_len", dict(requests=[Request(0, 0, 2, 0)])),
+    (ValueError, "arrival", dict(requests=[Request(0, -1, 2, 1)])),
+    (ValueError, "rid", dict(requests=[Request(0, 0, 2, 1), Request(0, 1, 2, 1)])),
+    (TypeError, "requests", dict(requests=[(0, 0, 2, 1)])),
+    (ValueError, "policy", dict(policy="fifo")),
+    (ValueError, "num_blocks", dict(num_blocks=0)), (TypeError, "block_size", dict(block_size=None)),
+    (ValueError, "num_blocks", dict(num_blocks=1, block_size=1)),
+    (ValueError, "prompts", dict(prompts={})),
+    (ValueError, "prompts", dict(prompts={0: torch.tensor([1, 2, 17])})),
+    (ValueError, "prompts", dict(prompts={0: torch.tensor([1.0, 2.0, 3.0])})),
+    (ValueError, "max_positions", dict(requests=[Request(0, 0, 3, 40)])),
+    (TypeError, "model", dict(model=None)),
+]
+
+
+@pytest.mark.parametrize("error,words,change", BAD_SERVE, ids=[f"{w}-{i}" for i, (_, w, _) in enumerate(BAD_SERVE)])
+def test_serve_refuses_bad_arguments_at_once(error, words, change) -> None:
+    args = dict(model=_tiny_model(), requests=[Request(0, 0, 3, 2)], prompts={0: torch.tensor([1, 2, 3])},
+                max_batch=2) | change
+    with pytest.raises(error, match=words):
+        within(30, serve, **args)
+
+
+@pytest.mark.parametrize("simulate", [static_batching, continuous_batching])
+def test_the_simulators_refuse_bad_traces_at_once(simulate) -> None:
+    for error, words, change in BAD_SERVE[:8]:
+        args = dict(requests=[Request(0, 0, 3, 2)], max_batch=2) | change
+        with pytest.raises(error, match=words):
+            within(10, simulate, **args)
+    with pytest.raises(ValueError, match="max_tokens"):
+        continuous_batching([Request(0, 0, 3, 2)], 1, max_tokens=0)
+
+
+def test_serve_with_a_small_pool_waits_instead_of_running_out() -> None:
+    """Continuous batching admits a request only when the pool can hold it to its end: with room for one
+    request at a time it serializes them (and never raises OutOfBlocks half-way)."""
+    model = _tiny_model()
+    reqs = [Request(i, 0, 4, 5) for i in range(3)]
+    prompts = {i: torch.tensor([1, 2, 3, i]) for i in range(3)}
+    out, steps, _ = within(60, serve, model, reqs, prompts, max_batch=3, num_blocks=2, block_size=4)
+    assert steps == 15 and all(len(out[i]) == 5 for i in range(3))
+    for r in reqs:
+        ref = generate(model.eval(), prompts[r.rid][None], r.output_len, temperature=0.0)[0, r.prompt_len :]
+        assert out[r.rid] == ref.tolist()
+
+
+def test_serve_gives_the_model_its_modes_back() -> None:
+    model = _tiny_model().train()
+    model.blocks[0].eval()  # mixed modes, given back as they were
+    modes = [m.training for m in model.modules()]
+    within(60, serve, model, [Request(0, 0, 3, 2)], {0: torch.tensor([1, 2, 3])}, max_batch=1)
+    assert [m.training for m in model.modules()] == modes
+    with pytest.raises(ValueError):
+        serve(model, [Request(0, 0, 3, 2)], {0: torch.tensor([1, 2, 3])}, max_batch=1, num_blocks=1,
+              block_size=1)
+    assert [m.training for m in model.modules()] == modes
+
+
+def test_random_trace_and_memory_accounting_refuse_bad_arguments() -> None:
+    for kw, error in [("n", (ValueError, -1)), ("arrival_rate", (ValueError, 0.0)), ("sigma", (ValueError, -1.0)),
+                      ("max_len", (ValueError, 1)), ("prompt_mean", (ValueError, float("nan"))),
+                      ("n", (TypeError, 2.0)), ("seed", (TypeError, None))]:
+        with pytest.raises(error[0], match=kw):
+            random_trace(**({"n": 3} | {kw: error[1]}))
+    with pytest.raises(TooLargeError, match="n"):
+        random_trace(2**60)
+    reqs = [Request(0, 0, 5, 4)]
+    res = continuous_batching(reqs, 1)
+    with pytest.raises(ValueError, match="max_len"):
+        kv_memory_usage(reqs, res, max_len=4)
+    with pytest.raises(TypeError, match="schedule"):
+        kv_memory_usage(reqs, None, max_len=64)
+    with pytest.raises(ValueError, match="schedule"):
+        kv_memory_usage([Request(1, 0, 5, 4)], res, max_len=64)
+
+
+@pytest.mark.parametrize("fields", [(0, 0, 1, 10**400), (0, 2**63, 1, 1), (0, 0, 1, 2**50)])
+def test_traces_too_long_to_schedule_are_refused_before_any_step(fields) -> None:
+    for fn, args in ((static_batching, ([Request(*fields)], 1)), (continuous_batching, ([Request(*fields)], 1)),
+                     (serve, (_tiny_model(), [Request(*fields)], {0: torch.tensor([1])}, 1))):
+        with pytest.raises(TooLargeError, match="steps"):
+            within(20, fn, *args)

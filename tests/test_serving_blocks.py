@@ -147,3 +147,104 @@ def test_copy_on_write_only_when_the_shared_block_is_partly_filled() -> None:
     assert cache.blocks_needed(2, 1) == 1  # the half-filled shared block must be copied
     cache.reserve(2, 1)
     assert cache.tables[2][1] != cache.tables[1][1] and cache.tables[2][0] == cache.tables[0][0]
+
+
+# ------------------------------------------------------------------------ issue 37: refusals and crops
+
+
+@pytest.mark.parametrize("bad,error", [(-1, ValueError), (2, ValueError), (10**30, ValueError), (1.0, TypeError),
+                                       (True, TypeError), ("0", TypeError), (None, TypeError)])
+def test_allocator_refuses_bad_ids_and_changes_nothing(bad, error) -> None:
+    a = BlockAllocator(2)
+    held = a.allocate()
+    for method in (a.free, a.fork, a.refcount):
+        with pytest.raises(error, match="block"):
+            method(bad)
+    assert a.num_free == 1 and a.refcount(held) == 1
+    assert a.allocate() == 1  # never -1 (a free(-1) once put -1 on the free list)
+    with pytest.raises(OutOfBlocks):
+        a.allocate()
+
+
+@pytest.mark.parametrize("n", [0, -1, 1.5, True, None])
+def test_allocator_refuses_a_bad_size(n) -> None:
+    with pytest.raises((TypeError, ValueError), match="num_blocks"):
+        BlockAllocator(n)
+
+
+def test_paged_cache_refuses_what_it_cannot_hold_before_allocating() -> None:
+    from attention_core._checks import TooLargeError
+
+    with pytest.raises(TooLargeError, match="pools"):
+        PagedKVCache(1, 2**40, 16, 8, 128)
+    with pytest.raises(TypeError, match="dtype"):
+        PagedKVCache(1, 4, 4, 1, 2, dtype=torch.int64)
+    for kw in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
+        args = dict(num_layers=1, num_blocks=4, block_size=4, num_kv_heads=1, head_dim=2) | {kw: 0}
+        with pytest.raises(ValueError, match=kw):
+            PagedKVCache(**args)
+
+
+def test_paged_cache_methods_refuse_unknown_sequences_and_bad_writes() -> None:
+    cache = PagedKVCache(2, 4, 4, 1, 2)
+    cache.add_sequence(0)
+    pos = cache.reserve(0, 3)
+    state = ({s: list(t) for s, t in cache.tables.items()}, dict(cache.lengths), cache.allocator.num_free)
+    calls = [(ValueError, "parent", lambda: cache.fork(5, 6)), (ValueError, "child", lambda: cache.fork(0, 0)),
+             (TypeError, "seq", lambda: cache.add_sequence("a")), (ValueError, "seq", lambda: cache.free_sequence(3)),
+             (ValueError, "new_tokens", lambda: cache.reserve(0, -1)),
+             (TypeError, "new_tokens", lambda: cache.reserve(0, 1.5)),
+             (ValueError, "layer", lambda: cache.write(2, 0, pos, torch.zeros(1, 3, 2), torch.zeros(1, 3, 2))),
+             (ValueError, "key", lambda: cache.write(0, 0, pos, torch.zeros(1, 2, 2), torch.zeros(1, 3, 2))),
+             (TypeError, "key", lambda: cache.write(0, 0, pos, torch.zeros(1, 3, 2).double(), torch.zeros(1, 3, 2))),
+             (ValueError, "positions", lambda: cache.write(0, 0, range(2, 5), torch.zeros(1, 3, 2),
+                                                           torch.zeros(1, 3, 2))),
+             (ValueError, "n", lambda: cache.crop(0, 4)), (ValueError, "seqs", lambda: cache.block_table([0, 9]))]
+    for error, words, call in calls:
+        with pytest.raises(error, match=words):
+            call()
+        assert ({s: list(t) for s, t in cache.tables.items()}, dict(cache.lengths),
+                cache.allocator.num_free) == state, f"a refused call ({words}) changed the cache"
+
+
+def test_crop_of_a_sequence_view_crops_the_pool() -> None:
+    from attention_core.models.language_model import build_language_model
+
+    model = build_language_model({"vocab_size": 13, "d_model": 16, "num_layers": 2, "num_heads": 2,
+                                  "num_kv_heads": 1, "max_positions": 20, "seed": 0}).eval()
+    pool = PagedKVCache(2, 12, 4, 1, 8)
+    pool.add_sequence(0)
+    view = pool.sequence_view(0)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3, 4, 5, 6]]), view)
+        view.crop(3)
+        assert len(view) == pool.lengths[0] == 3 and len(pool.tables[0]) == 1 and pool.allocator.num_free == 11
+        got = model(torch.tensor([[9]]), view).logits[0, -1]
+        ref = model(torch.tensor([[1, 2, 3, 9]])).logits[0, -1]
+    assert (got - ref).abs().max() <= 1e-5
+
+
+def test_a_sequence_views_restore_after_crop_and_append_is_exact() -> None:
+    """snapshot, crop (into a block), append, restore: the same table, length, tokens and free blocks; the
+    blocks the crop let go of were pinned by the snapshot, and the cut block was copied before the append."""
+    from attention_core.models.language_model import build_language_model
+
+    model = build_language_model({"vocab_size": 13, "d_model": 16, "num_layers": 2, "num_heads": 2,
+                                  "num_kv_heads": 1, "max_positions": 20, "seed": 0}).eval()
+    pool = PagedKVCache(2, 12, 4, 1, 8)
+    pool.add_sequence(0)
+    view = pool.sequence_view(0)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3, 4, 5, 6, 7]]), view)
+        table, _ = pool.block_table([0])
+        keys = gather_paged_kv(pool.keys[1], table[0], 7).clone()
+        before = (list(pool.tables[0]), pool.lengths[0], pool.allocator.num_free)
+        snap = view.snapshot()
+        view.crop(2)
+        model(torch.tensor([[8, 9, 10, 11, 12, 1, 2, 3]]), view)  # takes the freed blocks back, rewrites slots
+        view.restore(snap)
+    assert (list(pool.tables[0]), pool.lengths[0]) == before[:2]
+    assert torch.equal(gather_paged_kv(pool.keys[1], table[0], 7), keys)
+    del snap  # the snapshot's pins go back to the pool with it
+    assert pool.allocator.num_free == before[2]
+    assert sorted(pool.allocator._free) == [b for b in range(12) if b not in pool.tables[0]]

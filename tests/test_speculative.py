@@ -168,3 +168,67 @@ def test_draft_checkpoint_is_the_recipes(shipped, tmp_path) -> None:
     made = read_manifest(tmp_path)
     assert list(made) == [DRAFT_RECIPE.name] and made[DRAFT_RECIPE.name]["recipe"]["steps"] == 3
     assert made[DRAFT_RECIPE.name]["recipe"]["num_layers"] == 1
+
+
+# ------------------------------------------------------------------------ issue 37: RNG, modes, validation
+
+
+def _pair():
+    cfg = {"vocab_size": 11, "d_model": 16, "num_layers": 1, "num_heads": 2, "max_positions": 40}
+    return build_language_model(cfg | {"seed": 0}), build_language_model(cfg | {"seed": 1})
+
+
+def test_greedy_speculative_decoding_leaves_the_global_rng_alone() -> None:
+    target, draft = _pair()
+    torch.manual_seed(1234)
+    torch.rand(3)
+    before = torch.get_rng_state()
+    out, _ = speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), 12, gamma=3, temperature=0.0)
+    assert torch.equal(torch.get_rng_state(), before), "greedy speculative decoding drew from the global generator"
+    assert out.tolist() == generate(target, torch.tensor([[1, 2, 3]]), 12, temperature=0.0).tolist()
+
+
+def test_speculative_generate_gives_both_models_their_modes_back() -> None:
+    target, draft = _pair()
+    target.train()
+    draft.train()
+    draft.blocks[0].eval()
+    modes = [m.training for m in target.modules()] + [m.training for m in draft.modules()]
+    speculative_generate(target, draft, torch.tensor([[1, 2]]), 4, gamma=2, temperature=0.0)
+    assert [m.training for m in target.modules()] + [m.training for m in draft.modules()] == modes
+    with pytest.raises(ValueError, match="max_positions"):  # refused: the modes are untouched too
+        speculative_generate(target, draft, torch.tensor([[1, 2]]), 50, gamma=2)
+    assert [m.training for m in target.modules()] + [m.training for m in draft.modules()] == modes
+
+
+@pytest.mark.parametrize("change,error,words", [
+    (dict(max_new_tokens=-1), ValueError, "max_new_tokens"), (dict(max_new_tokens=2.5), TypeError, "max_new_tokens"),
+    (dict(gamma=0), ValueError, "gamma"), (dict(temperature=-1.0), ValueError, "temperature"),
+    (dict(temperature=float("nan")), ValueError, "temperature"), (dict(temperature=1e-320), ValueError, "temperature"),
+    (dict(prompt=torch.tensor([[1, 11]])), ValueError, "prompt"), (dict(prompt=torch.tensor([1, 2])), ValueError,
+                                                                    "prompt"),
+    (dict(prompt=torch.tensor([[1.0, 2.0]])), ValueError, "prompt"), (dict(generator=3), TypeError, "generator"),
+    (dict(draft=None), TypeError, "draft")])
+def test_speculative_generate_refuses_bad_arguments(change, error, words) -> None:
+    target, draft = _pair()
+    args = dict(target=target, draft=draft, prompt=torch.tensor([[1, 2]]), max_new_tokens=4) | change
+    with pytest.raises(error, match=words):
+        speculative_generate(**args)
+
+
+def test_speculative_step_refuses_bad_inputs() -> None:
+    p = torch.full((1, 3, 4), 0.25)
+    q = torch.full((1, 2, 4), 0.25)
+    x = torch.zeros(1, 2, dtype=torch.long)
+    cases = [((p, q, x + 4), ValueError, "draft_tokens"), ((p, q, x.int()), TypeError, "draft_tokens"),
+             ((p * -1, q, x), ValueError, "target_probs"), ((p, q.double(), x), TypeError, "draft_probs"),
+             ((p[:, :2], q, x), ValueError, "target_probs"), ((p, q, x, 1), TypeError, "generator")]
+    for args, error, words in cases:
+        with pytest.raises(error, match=words):
+            speculative_step(*args)
+    tokens, n = speculative_step(p[:0], q[:0], x[:0])
+    assert tokens.shape == (0, 3) and n.shape == (0,)
+    with pytest.raises(ValueError, match="alpha"):
+        expected_tokens_per_step(float("nan"), 2)
+    with pytest.raises(TypeError, match="gamma"):
+        expected_tokens_per_step(0.5, 1.5)

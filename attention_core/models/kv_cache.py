@@ -31,6 +31,7 @@ form (``mask_mods.dense_mask``) is built where SDPA needs a tensor.
 
 from __future__ import annotations
 
+import weakref
 from typing import List, Optional, Tuple
 
 import torch
@@ -39,7 +40,8 @@ from attention_core import mask_mods
 from attention_core._checks import check_positive_int
 from attention_core.positional import RotaryEmbedding, _rotate, rotary_angles
 
-__all__ = ["KVCache", "cached_causal_mask", "decode_mask", "decode_mask_mod", "left_padding", "rotate_at"]
+__all__ = ["CacheSnapshot", "KVCache", "cached_causal_mask", "decode_mask", "decode_mask_mod", "left_padding",
+           "rotate_at"]
 
 
 # ------------------------------------------------------------------------------------------------ masks
@@ -152,6 +154,20 @@ def rotate_at(rotary: RotaryEmbedding, x: torch.Tensor, positions: torch.Tensor)
 # ------------------------------------------------------------------------------------------------ cache
 
 
+class CacheSnapshot:
+    """What :meth:`KVCache.snapshot` returns: the cache's state, opaque, to give to :meth:`KVCache.restore`.
+
+    The cache keeps a weak reference to each snapshot while it lives: an append into slots that a live
+    snapshot still counts (possible only after :meth:`KVCache.crop`) first copies the buffer, so that restoring
+    the snapshot gives back exactly the tokens it saw.
+    """
+
+    __slots__ = ("owner", "state", "__weakref__")
+
+    def __init__(self, owner: object, state: tuple) -> None:
+        self.owner, self.state = owner, state
+
+
 class KVCache:
     """The keys and values of every layer for the tokens generated so far (batch-first per layer).
 
@@ -183,6 +199,7 @@ class KVCache:
         self.seen = 0  # tokens that went through the model (the text index of the next token)
         self.pad: Optional[torch.Tensor] = None  # (B,) left-padding slots still held, or None
         self._pad0: Optional[torch.Tensor] = None  # (B,) the first call's left padding (positions start after it)
+        self._live: weakref.WeakSet[CacheSnapshot] = weakref.WeakSet()  # snapshots that may be restored
 
     # -- what it holds
 
@@ -271,6 +288,11 @@ class KVCache:
                 new_k[:, :, :n], new_v[:, :, :n] = buf_k[:, :, :n], buf_v[:, :, :n]
             buf_k, buf_v = new_k, new_v
             self._k[layer], self._v[layer] = buf_k, buf_v
+        elif any(snap.state[0][layer] is buf_k and snap.state[2][layer] > n for snap in list(self._live)):
+            # a live snapshot still counts slots n.. (the cache was cropped since): write into a copy, so that
+            # restoring it gives back exactly what it saw
+            buf_k, buf_v = buf_k.clone(), buf_v.clone()
+            self._k[layer], self._v[layer] = buf_k, buf_v
         buf_k[:, :, n : n + L] = key  # in place: the slots after the cached ones
         buf_v[:, :, n : n + L] = value
         self._len[layer] = n + L
@@ -316,21 +338,29 @@ class KVCache:
 
     # -- transactions
 
-    def snapshot(self):
-        """The cache's state, to :meth:`restore` if a call fails half-way.
+    def snapshot(self) -> CacheSnapshot:
+        """The cache's state, to :meth:`restore` if a call fails half-way (or to roll back to later).
 
-        Appends write only past the slots in use and growth allocates new buffers, so the buffers' references and
-        the lengths are enough for a full cache; a rolling cache's eviction moves tokens in place, so its (small:
+        Appends write only past the slots in use, growth allocates new buffers, and an append into slots that a
+        live snapshot still counts (after a :meth:`crop`) copies the buffer first: so the buffers' references and
+        the lengths are enough for a full cache. A rolling cache's eviction moves tokens in place, so its (small:
         at most sinks + window tokens) held slots are copied too.
         """
         held = None
         if self.window is not None:
             held = [(k.clone(), v.clone()) if k is not None else None for k, v in zip(self.keys, self.values)]
-        return list(self._k), list(self._v), list(self._len), self.seen, self.pad, self._pad0, held
+        snap = CacheSnapshot(self, (list(self._k), list(self._v), list(self._len), self.seen, self.pad, self._pad0,
+                                    held))
+        self._live.add(snap)
+        return snap
 
-    def restore(self, state) -> None:
-        """Put back a :meth:`snapshot`: the cache is exactly as it was when it was taken."""
-        ks, vs, lens, seen, pad, pad0, held = state
+    def restore(self, state: CacheSnapshot) -> None:
+        """Put back a :meth:`snapshot` of this cache: the cache is exactly as it was when it was taken."""
+        if not isinstance(state, CacheSnapshot):
+            raise TypeError(f"state must be what this cache's snapshot() returned, got {type(state).__name__}")
+        if state.owner is not self:
+            raise ValueError("state is a snapshot of another cache: restore it into the cache that took it")
+        ks, vs, lens, seen, pad, pad0, held = state.state
         self._k, self._v, self._len, self.seen, self.pad, self._pad0 = list(ks), list(vs), list(lens), seen, pad, pad0
         if held is not None:
             for layer, kv in enumerate(held):

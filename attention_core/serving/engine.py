@@ -5,6 +5,11 @@ sequences, each at its own position: the new tokens' keys (rotated, as vLLM stor
 sequences' blocks, and attention reads them back through the block table with
 :func:`attention_core.paged_attention.paged_attention`. :func:`serve` replays a request trace with static or
 continuous batching on it and returns the text of every request and the wall time.
+
+Both validate every argument before any work (a ``TypeError``/``ValueError`` naming it). A refused
+:func:`paged_forward` leaves the cache as it was; :func:`serve` admits a request only when the pool can hold
+it to its last token, so it never runs out of blocks half-way, and its loop is bounded (it raises instead of
+spinning). :func:`serve` gives the model back in the training mode it came in.
 """
 
 from __future__ import annotations
@@ -15,28 +20,107 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from attention_core._checks import check_int, check_tensor, fmt_shape, short_repr
 from attention_core.models.language_model import DecoderLM
-from attention_core.paged_attention import paged_attention
-from attention_core.serving.blocks import PagedKVCache
-from attention_core.serving.scheduler import Request
+from attention_core.paged_attention import PAGED_PATHS, paged_attention
+from attention_core.serving.blocks import OutOfBlocks, PagedKVCache
+from attention_core.serving.scheduler import Request, check_requests, check_steps
+from attention_core.training.modes import eval_mode
 
 __all__ = ["new_paged_cache", "paged_forward", "serve"]
 
 
+def _check_model(model: object) -> DecoderLM:
+    if not isinstance(model, DecoderLM):
+        raise TypeError(f"model must be a DecoderLM (chapter 11's model), got {type(model).__name__}")
+    if model.attention != "standard":
+        raise ValueError(f"model has attention = {model.attention!r}: the paged engine serves standard "
+                         "(MHA/GQA) attention only, whose cache holds keys and values")
+    return model
+
+
 def new_paged_cache(model: DecoderLM, num_blocks: int, block_size: int = 16) -> PagedKVCache:
     """An empty :class:`~attention_core.serving.blocks.PagedKVCache` shaped for ``model``'s layers (keys stored
-    after the rotary rotation)."""
+    after the rotary rotation), in the model's dtype and on its device."""
+    _check_model(model)
     attn = model.blocks[0].attn
-    return PagedKVCache(model.num_layers, num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
+    weight = model.embed.weight
+    return PagedKVCache(model.num_layers, num_blocks, block_size, attn.num_kv_heads, attn.head_dim,
+                        dtype=weight.dtype, device=weight.device)
+
+
+def _check_forward(model: DecoderLM, cache: PagedKVCache, seqs: Sequence[int], tokens: torch.Tensor,
+                   path: str) -> List[int]:
+    """Every refusal of :func:`paged_forward`, before the cache is touched."""
+    _check_model(model)
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache (new_paged_cache(model, ...)), got {type(cache).__name__}")
+    attn = model.blocks[0].attn
+    want = (model.num_layers, attn.num_kv_heads, attn.head_dim)
+    have = (cache.num_layers, cache.keys[0].shape[1], cache.keys[0].shape[3])
+    if have != want:
+        raise ValueError(f"cache has (num_layers, num_kv_heads, head_dim) = {have} but the model needs {want}; "
+                         "build it with new_paged_cache(model, ...)")
+    if cache.keys[0].dtype != model.embed.weight.dtype or cache.keys[0].device != model.embed.weight.device:
+        raise ValueError(f"cache holds {cache.keys[0].dtype} on {cache.keys[0].device} but the model is "
+                         f"{model.embed.weight.dtype} on {model.embed.weight.device}")
+    if isinstance(seqs, (str, bytes)) or not isinstance(seqs, Sequence):
+        raise TypeError(f"seqs must be a list of sequence ids, got {type(seqs).__name__}")
+    seqs = list(seqs)
+    for s in seqs:
+        cache._seq(s, "seqs")
+    if len(set(seqs)) != len(seqs):
+        raise ValueError(f"seqs must not repeat a sequence, got {short_repr(seqs)}")
+    check_tensor(tokens, "tokens")
+    if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"tokens must be a (B, L) integer tensor, got {tokens.dtype} {fmt_shape(tokens.shape)}")
+    B, L = tokens.shape
+    if B != len(seqs) or L < 1:
+        raise ValueError(f"tokens must be (B, L) with B = len(seqs) = {len(seqs)} and L >= 1, got "
+                         f"{fmt_shape(tokens.shape)}")
+    if tokens.device != model.embed.weight.device:
+        raise ValueError(f"tokens are on {tokens.device} but the model is on {model.embed.weight.device}")
+    V = model.vocab_size
+    if int(tokens.min()) < 0 or int(tokens.max()) >= V:
+        raise ValueError(f"tokens must be ids in [0, {V}) (vocab_size = {V}), got values from "
+                         f"{int(tokens.min())} to {int(tokens.max())}")
+    longest = max(cache.lengths[s] for s in seqs) + L
+    if longest > model.rotary.max_len:
+        raise ValueError(f"tokens adds L = {L} to sequences holding up to {longest - L} tokens: positions up to "
+                         f"{longest - 1}, but the model covers max_positions = {model.rotary.max_len}")
+    if not isinstance(path, str) or path not in PAGED_PATHS:
+        raise ValueError(f"path must be one of {PAGED_PATHS}, got {short_repr(path)}")
+    need = sum(cache.blocks_needed(s, L) for s in seqs)
+    if need > cache.allocator.num_free:
+        raise OutOfBlocks(f"seqs need {need} blocks for L = {L} more tokens, {cache.allocator.num_free} are free")
+    return seqs
 
 
 @torch.no_grad()
 def paged_forward(model: DecoderLM, cache: PagedKVCache, seqs: Sequence[int], tokens: torch.Tensor,
                   path: str = "chunked") -> torch.Tensor:
-    """Logits (B, L, V) for ``tokens`` (B, L), the next L tokens of each sequence in ``seqs`` (extends them)."""
+    """Logits (B, L, V) for ``tokens`` (B, L), the next L tokens of each sequence in ``seqs`` (extends them).
+
+    Transactional: every argument is checked before the cache is touched (``TypeError``/``ValueError``, or
+    :class:`~attention_core.serving.blocks.OutOfBlocks` when the pool cannot hold the new tokens), and a call
+    that fails later (a path that refuses, say) gives every sequence back its length, table and blocks.
+    """
+    seqs = _check_forward(model, cache, seqs, tokens, path)
+    views = [cache.sequence_view(s) for s in seqs]
+    snaps = [v.snapshot() for v in views]
+    try:
+        return _paged_forward(model, cache, seqs, tokens, path)
+    except BaseException:
+        for v, snap in zip(views, snaps):
+            v.restore(snap)
+        raise
+
+
+def _paged_forward(model: DecoderLM, cache: PagedKVCache, seqs: List[int], tokens: torch.Tensor,
+                   path: str) -> torch.Tensor:
     B, L = tokens.shape
     positions = [cache.reserve(s, L) for s in seqs]
-    table, lens = cache.block_table(list(seqs))
+    table, lens = cache.block_table(seqs)
     x = model.embed(tokens)  # (B, L) -> (B, L, D)
     for layer, block in enumerate(model.blocks):
         attn = block.attn
@@ -55,6 +139,59 @@ def paged_forward(model: DecoderLM, cache: PagedKVCache, seqs: Sequence[int], to
     return model.lm_head(model.norm(x))
 
 
+def _check_serve(model, requests, prompts, max_batch, policy, num_blocks, block_size) -> Dict[int, Request]:
+    _check_model(model)
+    by_id = check_requests(requests)
+    check_int(max_batch, "max_batch", low=1)
+    check_steps(requests)
+    if not isinstance(policy, str) or policy not in ("static", "continuous"):
+        raise ValueError(f"policy must be 'static' or 'continuous', got {short_repr(policy)}")
+    check_int(num_blocks, "num_blocks", low=1)
+    check_int(block_size, "block_size", low=1)
+    if not isinstance(prompts, dict):
+        raise TypeError(f"prompts must be a dict from request id to a (prompt_len,) token tensor, got "
+                        f"{type(prompts).__name__}")
+    V, max_len, device = model.vocab_size, model.rotary.max_len, model.embed.weight.device
+    for rid, r in by_id.items():
+        if rid not in prompts:
+            raise ValueError(f"prompts has no entry for request {rid}")
+        t = check_tensor(prompts[rid], f"prompts[{rid}]")
+        if t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (r.prompt_len,):
+            raise ValueError(f"prompts[{rid}] must be a ({r.prompt_len},) integer tensor (its prompt_len), got "
+                             f"{t.dtype} {fmt_shape(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"prompts[{rid}] is on {t.device} but the model is on {device}")
+        if int(t.min()) < 0 or int(t.max()) >= V:
+            raise ValueError(f"prompts[{rid}] must hold ids in [0, {V}) (vocab_size), got values from "
+                             f"{int(t.min())} to {int(t.max())}")
+        if r.prompt_len + r.output_len - 1 > max_len:
+            raise ValueError(f"request {rid} needs prompt_len + output_len - 1 = {r.prompt_len + r.output_len - 1} "
+                             f"positions, but the model covers max_positions = {max_len}")
+        if _blocks_for(r, block_size) > num_blocks:
+            raise ValueError(f"request {rid} needs {_blocks_for(r, block_size)} blocks of block_size = {block_size} "
+                             f"alone, but num_blocks = {num_blocks}")
+    if policy == "static":  # a group decodes every member until its longest one is done
+        order = sorted(by_id.values(), key=lambda r: (r.arrival, r.rid))
+        for g in range(0, len(order), max_batch):
+            group = order[g : g + max_batch]
+            length = max(r.output_len for r in group)
+            need = sum(_blocks_for(r, block_size, length) for r in group)
+            if need > num_blocks:
+                raise ValueError(f"num_blocks = {num_blocks} cannot hold the static group of requests "
+                                 f"{[r.rid for r in group]} ({need} blocks): raise num_blocks or lower max_batch")
+            longest = max(r.prompt_len for r in group) + length - 1
+            if longest > max_len:
+                raise ValueError(f"the static group of requests {[r.rid for r in group]} decodes up to position "
+                                 f"{longest - 1}, but the model covers max_positions = {max_len}")
+    return by_id
+
+
+def _blocks_for(r: Request, block_size: int, steps: int = 0) -> int:
+    """Blocks a request holds at its end: its prompt and every written token but the last (never fed back);
+    ``steps``: decoded for that many steps instead (a static group runs to its longest member's end)."""
+    return -(-(r.prompt_len + max(steps, r.output_len) - 1) // block_size)
+
+
 @torch.no_grad()
 def serve(model: DecoderLM, requests: Sequence[Request], prompts: Dict[int, torch.Tensor], max_batch: int,
           policy: str = "continuous", num_blocks: int = 512, block_size: int = 16
@@ -63,24 +200,41 @@ def serve(model: DecoderLM, requests: Sequence[Request], prompts: Dict[int, torc
 
     Arrivals are in steps (one engine iteration = one step). Each step prefills the admitted requests (one
     call each) and decodes all running ones in one batched call. Static batching keeps a finished request's
-    row in the batch until its group is done (decoding padding, as a fixed batch does).
+    row in the batch until its group is done (decoding padding, as a fixed batch does). Continuous batching
+    admits a request only when the pool can hold it, with every running request, to its last token.
+
+    Every argument is checked first: ``max_batch``, ``num_blocks``, ``block_size`` ints >= 1; each request's
+    fields ints (:func:`~attention_core.serving.scheduler.check_requests`), its prompt a (prompt_len,) tensor of
+    ids, its length within the model's positions and the pool. The model runs in eval mode and gets its own
+    modes back, also on error.
 
     Returns:
         ``(outputs, steps, seconds)``: the written tokens per request id, the engine steps, the wall time.
     """
-    if policy not in ("static", "continuous"):
-        raise ValueError(f"policy must be 'static' or 'continuous', got {policy!r}")
-    model.eval()
+    by_id = _check_serve(model, requests, prompts, max_batch, policy, num_blocks, block_size)
+    with eval_mode(model):
+        return _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size)
+
+
+def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size):
     cache = new_paged_cache(model, num_blocks, block_size)
-    waiting = sorted(requests, key=lambda r: (r.arrival, r.rid))
+    waiting = sorted(by_id.values(), key=lambda r: (r.arrival, r.rid))
     out: Dict[int, List[int]] = {}
     running: List[int] = []
-    by_id = {r.rid: r for r in requests}
     step, start = 0, time.perf_counter()
+    # every step either admits, decodes or waits for an arrival: this many steps are always enough
+    bound = max((r.arrival for r in waiting), default=0) + sum(r.output_len for r in waiting) + len(waiting) + 1
     while waiting or running:
+        if step > bound:
+            raise RuntimeError(f"serve made no progress after {step} steps (bound {bound}); this is a bug")
         admit: List[Request] = []
         if policy == "continuous":
+            held = sum(_blocks_for(by_id[i], block_size) for i in running)
             while waiting and waiting[0].arrival <= step and len(running) + len(admit) < max_batch:
+                need = _blocks_for(waiting[0], block_size)
+                if held + need > num_blocks:
+                    break  # admitted when running requests finish and free their blocks
+                held += need
                 admit.append(waiting.pop(0))
         elif not running:
             group = waiting[:max_batch]
@@ -88,7 +242,7 @@ def serve(model: DecoderLM, requests: Sequence[Request], prompts: Dict[int, torc
                 admit, waiting = group, waiting[max_batch:]
         decode = list(running)
         if decode:
-            last = torch.tensor([[out[i][-1]] for i in decode])  # (B, 1)
+            last = torch.tensor([[out[i][-1]] for i in decode], device=model.embed.weight.device)  # (B, 1)
             logits = paged_forward(model, cache, decode, last)[:, -1]
             for i, t in zip(decode, logits.argmax(-1).tolist()):
                 out[i].append(t)

@@ -23,8 +23,10 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-__all__ = ["Request", "ScheduleResult", "continuous_batching", "kv_memory_usage", "random_trace",
-           "static_batching"]
+from attention_core._checks import check_fits, check_int, check_real, short_repr
+
+__all__ = ["Request", "ScheduleResult", "check_requests", "check_steps", "continuous_batching", "kv_memory_usage",
+           "random_trace", "static_batching"]
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,49 @@ class ScheduleResult:
         return sum(r.output_len for r in requests) / max(self.steps, 1)
 
 
-def _check(requests: Sequence[Request], max_batch: int) -> None:
-    if not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
-    for r in requests:
-        if r.output_len < 1 or r.prompt_len < 1 or r.arrival < 0:
-            raise ValueError(f"requests need prompt_len >= 1, output_len >= 1, arrival >= 0; got {r}")
+def check_requests(requests: Sequence[Request]) -> Dict[int, Request]:
+    """``{rid: request}`` after checking a trace: a list of :class:`Request` with int fields (a bool or a float
+    is refused), distinct ids, ``arrival >= 0``, ``prompt_len >= 1`` and ``output_len >= 1``."""
+    if isinstance(requests, (str, bytes, dict)) or not isinstance(requests, Sequence):
+        raise TypeError(f"requests must be a list of Request, got {type(requests).__name__}")
+    by_id: Dict[int, Request] = {}
+    for i, r in enumerate(requests):
+        if not isinstance(r, Request):
+            raise TypeError(f"requests[{i}] must be a Request, got {type(r).__name__} {short_repr(r)}")
+        check_int(r.rid, f"requests[{i}].rid")
+        check_int(r.arrival, f"requests[{i}].arrival", low=0)
+        check_int(r.prompt_len, f"requests[{i}].prompt_len", low=1)
+        check_int(r.output_len, f"requests[{i}].output_len", low=1)
+        if r.rid in by_id:
+            raise ValueError(f"requests[{i}].rid = {r.rid} repeats an earlier request's id")
+        by_id[r.rid] = r
+    return by_id
+
+
+def _check(requests: Sequence[Request], max_batch: int) -> Dict[int, Request]:
+    by_id = check_requests(requests)
+    check_int(max_batch, "max_batch", low=1)
+    check_steps(requests)
+    return by_id
+
+
+def check_steps(requests: Sequence[Request]) -> int:
+    """The step bound of a (checked) trace; raises :class:`~attention_core._checks.TooLargeError` when a
+    schedule that long (one record per step) could not be held in memory, before any step runs."""
+    bound = _step_bound(requests)
+    shown = min(bound, 2**63)  # a 400-digit bound must not overflow the message's float
+    check_fits(shown * _BYTES_PER_STEP, f"requests whose arrivals and output_len need up to {shown} steps",
+               "cpu")
+    return bound
+
+
+#: Bytes a schedule keeps per step (its ``running`` record), at the least.
+_BYTES_PER_STEP = 64
+
+
+def _step_bound(requests: Sequence[Request]) -> int:
+    """Steps that always suffice: wait for the last arrival, then run every request alone, one after another."""
+    return max((r.arrival for r in requests), default=0) + sum(r.output_len for r in requests) + len(requests) + 1
 
 
 def static_batching(requests: Sequence[Request], max_batch: int) -> ScheduleResult:
@@ -93,12 +132,15 @@ def continuous_batching(requests: Sequence[Request], max_batch: int,
     """Admit and retire at every step, at most ``max_batch`` running (and, if given, at most ``max_tokens``
     prompt + written tokens held at once, a KV-memory budget checked at admission for the request's full length).
     """
-    _check(requests, max_batch)
+    by_id = _check(requests, max_batch)
+    if max_tokens is not None:
+        check_int(max_tokens, "max_tokens", low=1)
     waiting = sorted(requests, key=lambda r: (r.arrival, r.rid))
     written: Dict[int, int] = {}
-    by_id = {r.rid: r for r in requests}
-    res, step = ScheduleResult(), 0
+    res, step, bound = ScheduleResult(), 0, _step_bound(requests)
     while waiting or written:
+        if step > bound:
+            raise RuntimeError(f"continuous_batching made no progress after {step} steps (bound {bound}); a bug")
         budget = sum(by_id[i].prompt_len + by_id[i].output_len for i in written)
         while waiting and waiting[0].arrival <= step and len(written) < max_batch:
             r = waiting[0]
@@ -121,7 +163,15 @@ def continuous_batching(requests: Sequence[Request], max_batch: int,
 def random_trace(n: int, seed: int = 0, arrival_rate: float = 1.0, prompt_mean: float = 64.0,
                  output_mean: float = 64.0, sigma: float = 1.0, max_len: int = 2048) -> List[Request]:
     """``n`` requests with Poisson arrivals (``arrival_rate`` per step) and skewed (log-normal) prompt and output
-    lengths of the given means, each total clipped to ``max_len``."""
+    lengths of the given means, each total clipped to ``max_len`` (an int >= 2)."""
+    check_int(n, "n", low=0)
+    check_fits(n * 64, f"a trace of n = {n} requests", "cpu")
+    check_int(seed, "seed", low=0, high=2**64 - 1)
+    check_real(arrival_rate, "arrival_rate", low=0.0, low_open=True)
+    check_real(prompt_mean, "prompt_mean", low=0.0, low_open=True)
+    check_real(output_mean, "output_mean", low=0.0, low_open=True)
+    check_real(sigma, "sigma", low=0.0)
+    check_int(max_len, "max_len", low=2)
     g = torch.Generator().manual_seed(seed)
     gaps = -torch.log(torch.rand(n, generator=g, dtype=torch.float64)) / arrival_rate
     arrivals = torch.cumsum(gaps, 0).floor().long().tolist()
@@ -147,7 +197,17 @@ def kv_memory_usage(requests: Sequence[Request], schedule: ScheduleResult, max_l
 
     Tokens held by a request at a step: its prompt plus the tokens written by the end of the step.
     """
-    by_id = {r.rid: r for r in requests}
+    by_id = check_requests(requests)
+    if not isinstance(schedule, ScheduleResult):
+        raise TypeError(f"schedule must be a ScheduleResult, got {type(schedule).__name__}")
+    check_int(max_len, "max_len", low=1)
+    check_int(block_size, "block_size", low=1)
+    longest = max((r.prompt_len + r.output_len for r in by_id.values()), default=0)
+    if longest > max_len:
+        raise ValueError(f"max_len = {max_len} is shorter than a request's final length {longest}")
+    unknown = {rid for running in schedule.running for rid in running} - set(by_id)
+    if unknown:
+        raise ValueError(f"schedule runs requests {sorted(unknown)[:10]} that requests does not list")
     used = 0
     reserved = {"max": 0, "pow2": 0, "oracle": 0, "paged": 0}
     for running in schedule.running:
