@@ -21,7 +21,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
-from attention_core._checks import check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import check_int, check_positive_int, check_tensor, fmt_shape
+from attention_core.training.modes import eval_mode
 
 __all__ = [
     "ablate_heads",
@@ -89,11 +90,14 @@ def ablate_heads(model, heads: Iterable[Tuple[int, int]]) -> Iterator[None]:  # 
     saved = []
     try:
         with torch.no_grad():
-            for layer, head in heads:
+            for pair in heads:
+                if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                    raise TypeError(f"heads must hold (layer, head) pairs of ints, got {pair!r:.40}")
+                layer, head = pair
+                check_int(layer, "layer", low=0, high=len(model.blocks), high_open=True)
                 attn = model.blocks[layer].attn
                 E = attn.head_dim
-                if not 0 <= head < attn.num_heads:
-                    raise ValueError(f"head must be in [0, {attn.num_heads}), got {head}")
+                check_int(head, "head", low=0, high=attn.num_heads, high_open=True)
                 cols = attn.out_proj.weight[:, head * E : (head + 1) * E]  # (D, E): this head's slice
                 saved.append((cols, cols.clone()))
                 cols.zero_()
@@ -108,10 +112,8 @@ def ablate_heads(model, heads: Iterable[Tuple[int, int]]) -> Iterator[None]:  # 
 def probe_copying(model, sequences: torch.Tensor, length: int) -> Dict[str, object]:  # noqa: ANN001
     """``{"previous": (layers, H), "induction": (layers, H), "copy_accuracy": float, "loss_first",
     "loss_second": float}`` of ``model`` on :func:`distinct_repeated` ``sequences``."""
-    was_training = model.training
-    model.eval()
-    out = model(sequences, need_weights=True)
-    model.train(was_training)
+    with eval_mode(model):
+        out = model(sequences, need_weights=True)
     previous, induction = head_scores(out.weights, length)
     N = length
     logp = out.logits[:, :-1].log_softmax(-1).gather(-1, sequences[:, 1:, None])[..., 0]  # (B, 2N - 1)
