@@ -486,3 +486,16 @@ def test_the_classifier_on_an_empty_batch():
 def test_classifier_configs_are_checked_by_name(config, err, pattern):
     with pytest.raises(err, match=pattern):
         build_classifier(config)
+
+
+def test_nested_interventions_on_an_additive_layer_apply_the_innermost_only():
+    att = AdditiveAttention(4, 6, 5)
+    q, k = torch.randn(2, 4), torch.randn(2, 3, 6)
+    outer, inner = Recorder(), Recorder()
+    with intervene(att, outer):
+        with intervene(att, inner):
+            att(q, k)
+        assert len(inner.weights) == 1 and outer.weights == []
+        att(q, k)
+        assert len(outer.weights) == 1
+    assert "forward" not in vars(att) and not att._forward_hooks

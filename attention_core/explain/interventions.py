@@ -163,6 +163,18 @@ def _additive_hook(fn: Intervention) -> Callable:
     return hook
 
 
+def _additive_forward(m: nn.Module, fn: Intervention) -> Callable:
+    """A replacement for ``m.forward`` (additive or global Luong attention): the layer's own forward, then its
+    weights through ``fn`` and the context recomputed from what ``fn`` returns."""
+    hook = _additive_hook(fn)
+    own = type(m).forward
+
+    def forward(*args: object, **kwargs: object) -> tuple:
+        return hook(m, args, kwargs, own(m, *args, **kwargs))
+
+    return forward
+
+
 def _mha_forward(m: MultiHeadAttention, fn: Intervention) -> Callable:
     """A replacement for ``m.forward`` that passes the per-head weights through ``fn`` (eval mode, no dropout)."""
 
@@ -235,19 +247,15 @@ def intervene(modules: Union[nn.Module, Iterable[nn.Module]], fn: Intervention) 
         if not isinstance(mod, (AdditiveAttention, LuongAttention, MultiHeadAttention)):
             raise TypeError(f"modules must be AdditiveAttention, LuongAttention or MultiHeadAttention layers, got "
                             f"{type(mod).__name__}")
-    handles, patched = [], []
+    patched = []
     missing = object()
     try:
         for mod in mods:
-            if isinstance(mod, MultiHeadAttention):
-                patched.append((mod, mod.__dict__.get("forward", missing)))  # an outer intervention's, if any
-                mod.forward = _mha_forward(mod, fn)  # an instance attribute shadows the class's method
-            else:
-                handles.append(mod.register_forward_hook(_additive_hook(fn), with_kwargs=True))
+            patched.append((mod, mod.__dict__.get("forward", missing)))  # an outer intervention's, if any
+            # an instance attribute shadows the class's method; an inner block replaces an outer one's
+            mod.forward = _mha_forward(mod, fn) if isinstance(mod, MultiHeadAttention) else _additive_forward(mod, fn)
         yield
     finally:
-        for h in handles:
-            h.remove()
         for mod, before in reversed(patched):
             if before is missing:
                 mod.__dict__.pop("forward", None)
