@@ -344,3 +344,20 @@ def test_generate_refuses_bad_arguments_and_gives_the_modes_back(kwargs, err, pa
     assert [m.training for m in model.modules()] == modes
     generate(model, tokens(1, 3), 2, temperature=0.0)
     assert [m.training for m in model.modules()] == modes
+
+
+@pytest.mark.parametrize("P,n,kwargs,pattern", [
+    (5, 5, {"use_cache": True}, "positions up to 8, but the model covers max_positions = 8"),
+    (5, 5, {"use_cache": False}, "positions up to 8, but the model covers max_positions = 8"),
+    (3, 5, {"max_len": 6}, "the cache must hold 7 tokens, but max_len = 6"),
+])
+def test_generate_refuses_a_text_past_the_model_before_drawing_anything(P, n, kwargs, pattern) -> None:
+    model = build_language_model({"vocab_size": V, "d_model": 8, "num_layers": 1, "num_heads": 2, "max_positions": 8,
+                                  "seed": 0})
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    with pytest.raises(ValueError, match=pattern):
+        generate(model, tokens(1, P), n, **kwargs)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert generate(model, tokens(1, 5), 4, temperature=0.0).shape == (1, 9)  # positions 0 .. 7: fits
+    assert generate(model, tokens(1, 5), 9, temperature=0.0, window=3).shape == (1, 14)  # rolling: no limit

@@ -626,6 +626,14 @@ def generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temper
     _check_sampling(temperature, top_k, top_p, generator)
     if pad is not None:
         check_tensor(pad, "pad")
+    fed = prompt.shape[1] + max(max_new_tokens - 1, 0)  # the last new token is sampled, never fed back
+    if (not use_cache or (window is None and not sinks)) and fed > model.rotary.max_len:
+        raise ValueError(f"prompt has P = {prompt.shape[1]} tokens and max_new_tokens = {max_new_tokens}: positions "
+                         f"up to {fed - 1}, but the model covers max_positions = {model.rotary.max_len} (a rolling "
+                         "cache, window=..., has no such limit)")
+    if use_cache and window is None and not sinks and isinstance(max_len, int) and fed > max_len:
+        raise ValueError(f"prompt has P = {prompt.shape[1]} tokens and max_new_tokens = {max_new_tokens}: the cache "
+                         f"must hold {fed} tokens, but max_len = {max_len}")
     with eval_mode(model):
         return _generate(model, prompt, max_new_tokens, temperature, top_k, top_p, generator, use_cache, window,
                          sinks, pad, absorbed, max_len)
