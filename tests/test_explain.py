@@ -499,3 +499,12 @@ def test_nested_interventions_on_an_additive_layer_apply_the_innermost_only():
         att(q, k)
         assert len(outer.weights) == 1
     assert "forward" not in vars(att) and not att._forward_hooks
+
+
+def test_the_intervention_helpers_check_their_arguments():
+    with pytest.raises(ValueError, match=r"allowed must be a bool tensor of the weights' shape \(2, 3\)"):
+        uniform_weights(torch.rand(2, 3), torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="allowed must be a bool tensor"):
+        permute_weights()(torch.rand(2, 3), torch.ones(2, 3))
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+        permute_weights(3)

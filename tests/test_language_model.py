@@ -361,3 +361,12 @@ def test_generate_refuses_a_text_past_the_model_before_drawing_anything(P, n, kw
     assert torch.equal(torch.get_rng_state(), before)
     assert generate(model, tokens(1, 5), 4, temperature=0.0).shape == (1, 9)  # positions 0 .. 7: fits
     assert generate(model, tokens(1, 5), 9, temperature=0.0, window=3).shape == (1, 14)  # rolling: no limit
+
+
+def test_left_pad_refuses_rows_that_are_not_ids_of_one_dtype() -> None:
+    from attention_core.models.language_model import left_pad
+
+    with pytest.raises(TypeError, match="rows must all hold int64"):
+        left_pad([torch.tensor([1, 2]), torch.tensor([1.5])])
+    with pytest.raises(TypeError, match="rows must all hold int64"):
+        left_pad([torch.tensor([1, 2]), torch.tensor([1], dtype=torch.int32)])

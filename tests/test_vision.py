@@ -394,3 +394,20 @@ def test_greedy_caption_of_zero_words_and_of_an_empty_batch() -> None:
 def test_vit_and_cnn_on_an_empty_batch() -> None:
     assert VisionTransformer(VIT)(torch.rand(0, 1, 8, 8)).logits.shape == (0, 10)
     assert SmallCNN(CNN)(torch.rand(0, 1, 8, 8)).shape == (0, 10)
+
+
+def test_caption_helpers_refuse_bad_arguments_by_name() -> None:
+    from attention_core.vision import data as vdata
+
+    with pytest.raises(ValueError, match=r"words must be ids in \[0, 11\), got \[99\]"):
+        vdata.caption_text(torch.tensor([1, 99]))
+    with pytest.raises(ValueError, match="cells must be > 0"):
+        vdata.make_caption_set(torch.rand(5, 1, 8, 8), torch.arange(5), 3, cells=0)
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        vdata.make_caption_set(torch.rand(5, 1, 8, 8), torch.arange(5), -1)
+    with pytest.raises(ValueError, match="x and y must hold one image per label"):
+        vdata.make_caption_set(torch.rand(0, 1, 8, 8), torch.arange(0), 3)
+    with pytest.raises(TypeError, match="has_cls_token must be a bool"):
+        mean_attention_distance(torch.rand(1, 2, 4, 4), (2, 2), 2, has_cls_token=1)
+    with pytest.raises(TypeError, match="weights must be a torch.Tensor"):
+        mean_attention_distance([1.0], (2, 2), 2, has_cls_token=False)

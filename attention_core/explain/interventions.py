@@ -93,8 +93,18 @@ def _check_pair(p: torch.Tensor, q: torch.Tensor) -> None:
 # ------------------------------------------------------------------------------------------ interventions
 
 
+def _check_allowed(weights: object, allowed: object) -> None:
+    if not isinstance(weights, torch.Tensor) or not isinstance(allowed, torch.Tensor):
+        raise TypeError(f"weights and allowed must be tensors, got {type(weights).__name__} and "
+                        f"{type(allowed).__name__}")
+    if allowed.dtype != torch.bool or allowed.shape != weights.shape:
+        raise ValueError(f"allowed must be a bool tensor of the weights' shape {fmt_shape(weights.shape)}, got "
+                         f"{allowed.dtype} {fmt_shape(allowed.shape)}")
+
+
 def uniform_weights(weights: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Every allowed position of a row gets ``1 / n`` (n = allowed positions); rows with none stay zeros."""
+    _check_allowed(weights, allowed)
     allowed_f = allowed.to(weights.dtype)
     return allowed_f / allowed_f.sum(-1, keepdim=True).clamp_min(1.0)
 
@@ -106,9 +116,12 @@ def permute_weights(generator: Optional[torch.Generator] = None) -> Intervention
     new permutation is drawn for every row at every call, from ``generator`` (default: a fresh generator seeded
     0, so that two runs permute alike).
     """
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
 
     def fn(weights: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        _check_allowed(weights, allowed)
         noise = torch.rand(weights.shape, generator=gen).to(weights.device)  # (..., S)
         noise = torch.where(allowed, noise, torch.full_like(noise, 2.0))  # masked positions sort last
         shuffled = noise.argsort(-1)  # allowed positions in random order, then the masked ones

@@ -101,6 +101,9 @@ def left_pad(rows: List[torch.Tensor], pad_id: int = 0) -> Tuple[torch.Tensor, t
     """Stack 1-D prompts of different lengths, padded on the left: ``(tokens (B, P), pad (B,) int64)``."""
     if not rows or any(not isinstance(r, torch.Tensor) or r.dim() != 1 or r.numel() == 0 for r in rows):
         raise ValueError("rows must be a non-empty list of non-empty 1-D token tensors")
+    if any(r.dtype != rows[0].dtype or r.dtype not in (torch.int64, torch.int32) for r in rows):
+        raise TypeError(f"rows must all hold int64 (or int32) token ids of one dtype, got "
+                        f"{sorted({str(r.dtype) for r in rows})}")
     P = max(r.numel() for r in rows)
     tokens = torch.full((len(rows), P), pad_id, dtype=rows[0].dtype)
     for i, r in enumerate(rows):
