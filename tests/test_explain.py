@@ -371,3 +371,140 @@ def test_local_luong_attention_is_refused():
     with pytest.raises(ValueError, match="global"):
         with intervene(model.decoder.attention, uniform_weights):
             pass
+
+
+# ------------------------------------------------------------------------------------------ edges (issue 37)
+
+
+def test_nested_interventions_on_one_layer_unwind_to_the_layer_as_it_was():
+    torch.manual_seed(0)
+    mha = ac.MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    base, _ = mha(x)
+    rec = Recorder()
+    with intervene(mha, uniform_weights):
+        uni, _ = mha(x)
+        with intervene(mha, rec):
+            again, _ = mha(x)  # the inner intervention runs
+        assert len(rec.weights) == 1
+        after_inner, _ = mha(x)  # the outer one is back
+        assert torch.equal(after_inner, uni)
+    assert "forward" not in vars(mha) and torch.allclose(mha(x)[0], base)
+
+
+def test_a_layer_listed_twice_is_intervened_on_once():
+    att = AdditiveAttention(4, 6, 5)
+    q, k = torch.randn(2, 4), torch.randn(2, 3, 6)
+    mha = ac.MultiHeadAttention(6, 2).eval()
+    rec = Recorder()
+    with intervene([att, att, mha, mha], rec):
+        att(q, k)
+        mha(k)
+    assert len(rec.weights) == 2
+    assert "forward" not in vars(mha) and not att._forward_hooks
+
+
+@pytest.mark.parametrize("modules,fn,err,pattern", [
+    (5, uniform_weights, TypeError, "modules must be an attention layer or an iterable of them, got int"),
+    ("AdditiveAttention", uniform_weights, TypeError, "modules must be AdditiveAttention"),
+    (None, uniform_weights, TypeError, "modules must be an attention layer"),
+])
+def test_intervene_refuses_what_is_not_a_layer_by_name(modules, fn, err, pattern):
+    with pytest.raises(err, match=pattern):
+        with intervene(modules, fn):
+            pass
+
+
+@pytest.mark.parametrize("fn,err,pattern", [
+    (lambda w, a: w.tolist(), TypeError, "the intervention must return a tensor of weights, got list"),
+    (lambda w, a: w[..., :1], ValueError, "the intervention returned shape"),
+    (lambda w, a: w.double(), TypeError, "the intervention returned torch.float64"),
+])
+def test_an_intervention_that_returns_something_else_is_refused(fn, err, pattern):
+    att, mha = AdditiveAttention(4, 6, 5), ac.MultiHeadAttention(6, 2).eval()
+    with pytest.raises(err, match=pattern):
+        with intervene(att, fn):
+            att(torch.randn(2, 4), torch.randn(2, 3, 6))
+    with pytest.raises(err, match=pattern):
+        with intervene(mha, fn):
+            mha(torch.randn(2, 3, 6))
+    assert not att._forward_hooks and "forward" not in vars(mha)
+
+
+def test_the_adversary_leaves_the_models_gradients_alone():
+    m = build_classifier({"vocab_size": len(sdata.VOCAB)}).eval()
+    batch = sdata.collate(sdata.sample(4, seed=3))
+    for p in m.parameters():
+        p.grad = None
+    adversarial_attention(lambda: m(batch.ids, batch.valid_lens).logits.softmax(-1), m.attention, steps=3)
+    assert all(p.grad is None for p in m.parameters())
+
+
+@pytest.mark.parametrize("kwargs,err,pattern", [
+    ({"epsilon": "0.1"}, TypeError, "epsilon must be a float in"), ({"epsilon": 0.0}, ValueError, "epsilon"),
+    ({"steps": 0}, ValueError, "steps must be an int >= 1"), ({"lr": -1.0}, ValueError, "lr must be"),
+    ({"penalty": math.nan}, ValueError, "penalty"), ({"init_noise": -1.0}, ValueError, "init_noise"),
+    ({"seed": 1.5}, TypeError, "seed must be an int"), ({"run": 3}, TypeError, "run must be a callable"),
+])
+def test_adversary_arguments_are_checked(kwargs, err, pattern):
+    m = build_classifier({"vocab_size": len(sdata.VOCAB)}).eval()
+    batch = sdata.collate(sdata.sample(2, seed=3))
+    args = {"run": lambda: m(batch.ids, batch.valid_lens).logits.softmax(-1), "modules": m.attention, **kwargs}
+    with pytest.raises(err, match=pattern):
+        adversarial_attention(**args)
+
+
+@pytest.mark.parametrize("ids,lens,err,pattern", [
+    (T([[1, -2], [3, 0]]), T([2, 1]), ValueError, r"ids must be ids in \[0, 10\).*from -2 to 3"),
+    (T([[1, 10], [3, 0]]), T([2, 1]), ValueError, r"ids must be ids in \[0, 10\).*from 0 to 10"),
+    (T([[1.0, 2.0]]), T([2]), TypeError, "ids must hold integer token ids"),
+    (T([1, 2]), T([2]), ValueError, r"ids must be \(B, L\) token ids, got shape \(2,\)"),
+    (T([[1, 2]]), T([1.5]), TypeError, "valid_lens must hold integer lengths"),
+    (T([[1, 2]]), T([[2]]), ValueError, r"valid_lens must be a \(1,\) tensor of lengths, got shape \(1, 1\)"),
+    (T([[1, 2]]), T([3]), ValueError, r"valid_lens must be in \[1, 2\]"),
+    (torch.zeros(2, 0, dtype=torch.long), T([0, 0]), ValueError, r"valid_lens must be in \[1, 0\]"),
+])
+def test_the_classifier_refuses_bad_ids_by_name(ids, lens, err, pattern):
+    with pytest.raises(err, match=pattern):
+        build_classifier({"vocab_size": 10})(ids, lens)
+
+
+def test_the_classifier_on_an_empty_batch():
+    for encoder in ("gru", "none"):
+        out = build_classifier({"vocab_size": 10, "encoder": encoder})(torch.zeros(0, 3, dtype=torch.long),
+                                                                       torch.zeros(0, dtype=torch.long))
+        assert out.logits.shape == (0, 2) and out.weights.shape == (0, 3)
+
+
+@pytest.mark.parametrize("config,err,pattern", [
+    ({"vocab_size": 0}, ValueError, "vocab_size must be > 0"),
+    ({"vocab_size": 1.5}, TypeError, "vocab_size must be an int"),
+    ({"vocab_size": 5, "seed": 1.5}, TypeError, r"config\['seed'\] must be an int"),
+    ({"vocab_size": 5, "hidden_dim": 0}, ValueError, "hidden_dim must be > 0"),
+    ({"vocab_size": 5, "num_classes": 0}, ValueError, "num_classes must be > 0"),
+])
+def test_classifier_configs_are_checked_by_name(config, err, pattern):
+    with pytest.raises(err, match=pattern):
+        build_classifier(config)
+
+
+def test_nested_interventions_on_an_additive_layer_apply_the_innermost_only():
+    att = AdditiveAttention(4, 6, 5)
+    q, k = torch.randn(2, 4), torch.randn(2, 3, 6)
+    outer, inner = Recorder(), Recorder()
+    with intervene(att, outer):
+        with intervene(att, inner):
+            att(q, k)
+        assert len(inner.weights) == 1 and outer.weights == []
+        att(q, k)
+        assert len(outer.weights) == 1
+    assert "forward" not in vars(att) and not att._forward_hooks
+
+
+def test_the_intervention_helpers_check_their_arguments():
+    with pytest.raises(ValueError, match=r"allowed must be a bool tensor of the weights' shape \(2, 3\)"):
+        uniform_weights(torch.rand(2, 3), torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="allowed must be a bool tensor"):
+        permute_weights()(torch.rand(2, 3), torch.ones(2, 3))
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+        permute_weights(3)

@@ -131,3 +131,98 @@ def test_the_manifest_is_replaced_whole(tmp_path) -> None:
     assert sorted(ck.read_manifest(tmp_path)) == ["a", "b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [ck.MANIFEST]  # no temporary file left behind
     assert oct((tmp_path / ck.MANIFEST).stat().st_mode & 0o777) == oct(0o644)
+
+
+# ------------------------------------------------------------------------------------------------ issue 37
+
+
+def test_a_manifest_that_is_not_utf8_is_refused_with_its_name(tmp_path) -> None:
+    (tmp_path / ck.MANIFEST).write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match=r"manifest .*manifest\.json is not valid JSON"):
+        ck.read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("text,pattern", [
+    ('{"a": {"file": "a.pt"', "is not valid JSON"),
+    ('{"a": {"file": "a.pt"}}', r"entry 'a' lacks 'recipe'"),
+    ('{"a": {"recipe": {}, "sha256": null}}', r"entry 'a' lacks 'file'"),
+    ('{"a": {"file": "a.pt", "recipe": {}, "sha256": 5}}', r"entry 'a' has 'sha256' = 5"),
+    ('{"a": {"file": 3, "recipe": {}}}', r"entry 'a' has 'file' = 3"),
+    ('{"a": 3}', r"entry 'a' is a JSON int"),
+    ("[1, 2]", "must be a JSON object of entries, got a JSON list"),
+])
+def test_a_corrupt_manifest_names_the_entry_and_what_is_wrong(tmp_path, text, pattern) -> None:
+    (tmp_path / ck.MANIFEST).write_text(text)
+    with pytest.raises(ValueError, match=pattern):
+        ck.read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("sha,err,pattern", [
+    (None, TypeError, "sha256 must be a str of 64 hex digits, got NoneType"),
+    (b"00", TypeError, "sha256 must be a str of 64 hex digits, got bytes"),
+    ("abc", ValueError, "sha256 must be 64 hex digits"),
+    ("z" * 64, ValueError, "sha256 must be 64 hex digits"),
+])
+def test_a_checksum_that_is_not_a_sha256_is_refused_by_name(tmp_path, sha, err, pattern) -> None:
+    path = tmp_path / "m.pt"
+    ck.save_checkpoint(MODEL, path)
+    with pytest.raises(err, match=pattern):
+        ck.load_checkpoint(path, sha, lm.build_language_model)
+
+
+def test_load_checkpoint_checks_build_and_device(tmp_path) -> None:
+    path = tmp_path / "m.pt"
+    sha = ck.save_checkpoint(MODEL, path)
+    with pytest.raises(TypeError, match="build must be a callable"):
+        ck.load_checkpoint(path, sha, 3)
+    with pytest.raises(ValueError, match="device 'nope' cannot be used on this machine"):
+        ck.load_checkpoint(path, sha, lm.build_language_model, device="nope")
+    with pytest.raises(TypeError, match="build must return a torch.nn.Module, got dict"):
+        ck.load_checkpoint(path, sha, lambda c: c)
+
+
+def test_a_builder_that_reads_a_missing_key_gives_a_value_error_naming_the_file(tmp_path) -> None:
+    path = tmp_path / "m.pt"
+    sha = ck.save_checkpoint(MODEL, path)
+    with pytest.raises(ValueError, match=r"m\.pt: its config does not build a model \(KeyError"):
+        ck.load_checkpoint(path, sha, lambda c: torch.nn.Linear(c["in"], 2))
+
+
+def test_tensors_of_another_dtype_than_the_model_are_refused_not_cast(tmp_path) -> None:
+    state = _state()
+    key = "embed.weight"
+    state[key] = state[key].double()
+    path = tmp_path / "m.pt"
+    sha = _write(path, {"format": 1, "config": CONFIG, "state_dict": state})
+    with pytest.raises(ValueError, match=r"m\.pt: its weights do not fit.*'embed\.weight' is torch\.float64"):
+        ck.load_checkpoint(path, sha, lm.build_language_model)
+
+
+def test_a_manifest_entry_whose_weights_do_not_fit_its_recipe_is_refused(tmp_path) -> None:
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Recipe:
+        name: str = "m"
+
+    path = tmp_path / "m.pt"
+    sha = ck.save_checkpoint(MODEL, path)
+    count = sum(p.numel() for p in MODEL.parameters())
+    entry = {"file": "m.pt", "sha256": sha, "parameters": count + 1, "recipe": {"name": "m"}}
+    ck.record_in_manifest(tmp_path, "m", entry)
+    with pytest.raises(ValueError, match=rf"builds a model of {count} parameters but the manifest records {count + 1}"):
+        ck.load_or_train_recipe(Recipe(), tmp_path, lm.build_language_model, train=None)
+    ck.record_in_manifest(tmp_path, "m", {**entry, "sha256": None})
+    with pytest.raises(ValueError, match="the manifest records no sha256 for 'm'"):
+        ck.load_or_train_recipe(Recipe(), tmp_path, lm.build_language_model, train=None)
+    ck.record_in_manifest(tmp_path, "m", {**entry, "sha256": "0" * 64})
+    with pytest.raises(ValueError, match="has sha256 .* expected 0000"):
+        ck.load_or_train_recipe(Recipe(), tmp_path, lm.build_language_model, train=None)
+    ck.record_in_manifest(tmp_path, "m", {**entry, "parameters": count})
+    model, _ = ck.load_or_train_recipe(Recipe(), tmp_path, lm.build_language_model, train=None)
+    assert not model.training
+
+
+def test_save_checkpoint_refuses_what_is_not_a_module(tmp_path) -> None:
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got int"):
+        ck.save_checkpoint(3, tmp_path / "m.pt")

@@ -285,3 +285,123 @@ def test_next_token_probs(logits, temperature):
     if p is not None and torch.isfinite(logits).all():
         assert p.shape == logits.shape and torch.allclose(p.sum(-1).double(), torch.ones(p.shape[:-1]).double(),
                                                           atol=1e-3)
+
+
+# ------------------------------------------------------------------------------------------------ issue 37: the
+# task models (ViT, CNN, captioner, classifier, hybrid LM), greedy captions, the filters and generation
+
+
+from attention_core.models.captioner import Captioner, greedy_caption  # noqa: E402
+from attention_core.models.classifier import build_classifier  # noqa: E402
+from attention_core.models.cnn import SmallCNN  # noqa: E402
+from attention_core.models.hybrid_lm import HybridLM  # noqa: E402
+from attention_core.models.vit import VisionTransformer  # noqa: E402
+
+VIT = VisionTransformer({"image_size": [4, 4], "patch_size": 2, "in_channels": 1, "num_classes": 3, "d_model": 8,
+                         "num_layers": 1, "num_heads": 2, "dim_feedforward": 8, "pos": "learned", "pool": "cls"}).eval()
+CNN = SmallCNN({"image_size": [4, 4], "in_channels": 1, "num_classes": 3, "channels": [2, 2]}).eval()
+CAP = Captioner({"image_size": [4, 8], "patch_size": 4, "in_channels": 1, "vocab_size": 5, "max_len": 3,
+                 "d_model": 8, "num_heads": 2, "dim_feedforward": 8, "encoder_layers": 1, "decoder_layers": 1}).eval()
+CLF = build_classifier({"vocab_size": 6, "embed_dim": 4, "hidden_dim": 4})
+HYB = HybridLM(6, ("softmax", "linear", "window"), d_model=8, num_heads=2, context=5, window=2).eval()
+
+
+def image_tensors(shape):
+    good = st.builds(lambda b, seed, dt: torch.rand(b, *shape, generator=torch.Generator().manual_seed(seed)).to(dt),
+                     st.integers(0, 3), st.integers(0, 2**31),
+                     st.sampled_from([torch.float32, torch.float32, torch.float64, torch.float16]))
+    return mostly(good, tensors(max_rank=5, max_dim=4), ODD)
+
+
+def id_tensors(vocab, max_len):
+    ids = st.builds(lambda b, n, lo, hi, seed: torch.randint(lo, hi + 1, (b, n),
+                                                             generator=torch.Generator().manual_seed(seed)),
+                    st.integers(0, 3), st.integers(0, max_len + 1), st.sampled_from([0, 0, 0, -1]),
+                    st.sampled_from([vocab - 1, vocab - 1, vocab]), st.integers(0, 2**31))
+    return mostly(ids, tensors(max_rank=3, max_dim=4), ODD)
+
+
+@SMALL
+@given(images=image_tensors((1, 4, 4)), model=st.sampled_from(["vit", "cnn"]))
+def test_image_classifiers(images, model):
+    m = VIT if model == "vit" else CNN
+    with torch.no_grad():
+        out = answer(m, images, names=["images"])
+    if out is None:
+        return
+    logits = out.logits if model == "vit" else out
+    assert logits.shape == (images.shape[0], 3) and logits.dtype == images.dtype == torch.float32
+
+
+@SMALL
+@given(images=image_tensors((1, 4, 8)), tokens=id_tensors(5, 3), need_weights=mostly(st.booleans(), ODD))
+def test_captioner_forward(images, tokens, need_weights):
+    with torch.no_grad():
+        out = answer(CAP, images, tokens, need_weights=need_weights, names=["images", "tokens", "need_weights"])
+    if out is not None:
+        assert out.logits.shape == (*tokens.shape, 5) and torch.isfinite(out.logits).all()
+
+
+@SMALL
+@given(images=image_tensors((1, 4, 8)), start=mostly(st.integers(0, 4), st.integers(-2, 7), ODD),
+       length=mostly(st.integers(0, 3), st.integers(-2, 6), ODD))
+def test_greedy_caption(images, start, length):
+    CAP.train()
+    got = answer(greedy_caption, CAP, images, start, length)
+    assert all(m.training for m in CAP.modules()), "greedy_caption changed the model's mode"
+    CAP.eval()
+    if got is not None:
+        words, cross = got
+        assert words.shape == (images.shape[0], length) and ((words >= 0) & (words < 5)).all()
+        assert cross.shape == (images.shape[0], length, 2)
+
+
+@SMALL
+@given(ids=id_tensors(6, 4), lens=mostly(st.builds(lambda b, n: torch.full((b,), n), st.integers(0, 3),
+                                                   st.integers(1, 4)), tensors(max_rank=2, max_dim=4), ODD))
+def test_sentence_classifier(ids, lens):
+    with torch.no_grad():
+        out = answer(CLF, ids, lens, names=["ids", "valid_lens"])
+    if out is not None:
+        assert out.logits.shape == (ids.shape[0], 2) and torch.isfinite(out.logits).all()
+
+
+@SMALL
+@given(tokens=id_tensors(6, 5))
+def test_hybrid_language_model(tokens):
+    with torch.no_grad():
+        out = answer(HYB, tokens, names=["tokens"])
+    if out is not None:
+        assert out.shape == (*tokens.shape, 6) and torch.isfinite(out).all()
+
+
+@settings(FUZZ)
+@given(logits=mostly(VALID_LOGITS, tensors(max_rank=3, max_dim=5), ODD),
+       k=mostly(st.integers(1, 8), st.integers(-2, 0), ODD), p=mostly(st.floats(0.01, 1.0), ODD))
+def test_filters(logits, k, p):
+    for fn, arg, name in ((lm.filter_top_k, k, "top_k"), (lm.filter_top_p, p, "top_p")):
+        got = answer(fn, logits, arg, names=["logits", name])
+        if got is None:
+            continue
+        assert got.shape == logits.shape and got.dtype == logits.dtype
+        kept = got > -math.inf
+        assert torch.equal(got[kept], logits[kept])  # what is kept is unchanged
+        assert (kept | (logits == -math.inf)).any(-1).all() or logits.shape[-1] == 0
+
+
+@SMALL
+@given(prompt=token_tensors(), n=mostly(st.integers(0, 3), ODD),
+       temperature=mostly(st.sampled_from([0.0, 0.8, 1e-30]), ODD), top_k=mostly(st.none() | st.integers(1, 9), ODD),
+       generator=mostly(st.none(), ODD))
+def test_generate(prompt, n, temperature, top_k, generator):
+    MODEL.train()
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    got = answer(lm.generate, MODEL, prompt, n, temperature, top_k, None, generator,
+                 names=["prompt", "tokens", "max_new_tokens", "temperature", "top_k", "generator", "max_positions"])
+    assert all(m.training for m in MODEL.modules()), "generate changed the model's mode"
+    MODEL.eval()
+    if got is None or temperature == 0 or top_k == 1:
+        assert torch.equal(torch.get_rng_state(), before), "a refused or greedy call touched the global RNG"
+    if got is not None:
+        assert got.shape == (prompt.shape[0], prompt.shape[1] + n) and torch.equal(got[:, : prompt.shape[1]], prompt)

@@ -238,3 +238,56 @@ def test_the_shipped_experiment_checkpoints_do_what_the_chapter_says(corpus, rec
         text = torch.cat([torch.tensor([[len(corpus.vocab)]]), corpus.val[None, 5000:5127]], dim=1)
         with torch.no_grad():
             assert heads.first_token_weight(model(text, need_weights=True).weights, 32).max() > 0.5
+
+
+# ------------------------------------------------------------------------------------------------ edges (issue 37)
+
+_LM = build_language_model({"vocab_size": 9, "d_model": 8, "num_layers": 1, "num_heads": 2, "seed": 0,
+                            "max_positions": 16})
+
+
+@pytest.mark.parametrize("model,tokens,err,pattern", [
+    (_LM, torch.tensor([[0, 9]]), ValueError, r"tokens must be ids in \[0, 9\)"),
+    (_LM, torch.tensor([[0, -1]]), ValueError, r"tokens must be ids in \[0, 9\)"),
+    (_LM, torch.zeros(1, 20, dtype=torch.long), ValueError, "tokens has L = 20 positions but the model covers"),
+    (3, torch.zeros(1, 2, dtype=torch.long), TypeError, "model must be a DecoderLM"),
+    (build_language_model({"vocab_size": 9, "d_model": 8, "num_layers": 1, "num_heads": 2, "seed": 0,
+                           "attention": "latent", "kv_latent_dim": 4, "rope_dim": 2}),
+     torch.zeros(1, 3, dtype=torch.long), TypeError, r"standard \(not latent\) attention"),
+])
+def test_clamped_offsets_refuse_bad_inputs_by_name(model, tokens, err, pattern):
+    with pytest.raises(err, match=pattern):
+        forward_clamped_offsets(model, tokens, 2)
+
+
+def test_clamped_offsets_of_an_empty_text_and_bad_head_shapes():
+    assert forward_clamped_offsets(_LM, torch.zeros(2, 0, dtype=torch.long), 2).shape == (2, 0, 9)
+    with pytest.raises(ValueError, match=r"query must be \(B, heads, L, features\), got shape \(1, 2, 3\)"):
+        clamped_offset_attention(torch.rand(1, 2, 3), torch.rand(1, 2, 3, 4), torch.rand(1, 2, 3, 4), _LM.rotary, 1)
+    with pytest.raises(ValueError, match="key .* and value .* must match query"):
+        clamped_offset_attention(torch.rand(1, 2, 3, 4), torch.rand(1, 2, 5, 4), torch.rand(1, 2, 5, 4), _LM.rotary, 1)
+
+
+@pytest.mark.parametrize("call,pattern", [
+    (lambda: heads.head_scores([torch.rand(1, 2, 6, 6)], 5), r"weights must be \(B, H, 2N, 2N\) = \(B, H, 10, 10\)"),
+    (lambda: heads.head_scores([], 3), "weights must be a non-empty list"),
+    (lambda: heads.first_token_weight([]), "weights must be a non-empty list"),
+    (lambda: heads.probe_copying(_LM, torch.zeros(1, 6, dtype=torch.long), 4),
+     r"sequences must be \(B, 2N\) = \(B, 8\)"),
+])
+def test_head_statistics_refuse_shapes_that_do_not_fit(call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call()
+
+
+@pytest.mark.parametrize("pairs,err,pattern", [
+    ([(5, 0)], ValueError, r"layer must be an int in \[0, 1\)"),
+    ([(0, 2)], ValueError, r"head must be an int in \[0, 2\)"),
+    ([3], TypeError, r"heads must hold \(layer, head\) pairs"),
+])
+def test_ablate_heads_refuses_bad_pairs_and_leaves_the_weights(pairs, err, pattern):
+    before = {k: v.clone() for k, v in _LM.state_dict().items()}
+    with pytest.raises(err, match=pattern):
+        with heads.ablate_heads(_LM, [(0, 1)] + pairs):
+            pass
+    assert all(torch.equal(v, _LM.state_dict()[k]) for k, v in before.items())

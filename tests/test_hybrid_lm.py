@@ -99,3 +99,34 @@ def test_building_and_loading_leave_the_global_rng_alone():
     assert torch.equal(torch.get_rng_state(), before)
     b = build_hybrid_lm({"vocab_size": 11, "layers": ["linear"], "d_model": 16, "num_heads": 2}, seed=3)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+@pytest.mark.parametrize("tokens,exc,words", [
+    (torch.tensor([[0, -1]]), ValueError, r"tokens must be ids in \[0, 11\).*from -1 to 0"),
+    (torch.tensor([[0, 11]]), ValueError, r"tokens must be ids in \[0, 11\).*from 0 to 11"),
+    (torch.zeros(1, 2), TypeError, "tokens must hold integer token ids"),
+    (torch.zeros(2, dtype=torch.long), ValueError, r"tokens must be \(B, L\) token ids, got shape \(2,\)"),
+    (torch.zeros(1, 13, dtype=torch.long), ValueError, "longer than the model's context 12"),
+    ([[0]], TypeError, "tokens must be a torch.Tensor"),
+    (torch.zeros(1, 2, dtype=torch.long, device="meta"), ValueError, "tokens is on meta but the model is on cpu"),
+])
+def test_bad_tokens_are_refused_by_name(tokens, exc, words):
+    with pytest.raises(exc, match=words):
+        HybridLM(11, ("softmax", "linear", "window"), d_model=16, num_heads=2, context=12, window=3)(tokens)
+
+
+def test_empty_batches_and_sequences_give_empty_logits():
+    model = HybridLM(11, ("softmax", "linear", "window"), d_model=16, num_heads=2, context=12, window=3)
+    assert model(torch.zeros(0, 3, dtype=torch.long)).shape == (0, 3, 11)
+    assert model(torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0, 11)
+
+
+@pytest.mark.parametrize("config,exc,words", [
+    ({"d_model": 16}, ValueError, r"config lacks the keys \['vocab_size'\]"),
+    ({"vocab_size": 11, "heads": 2}, ValueError, r"config has unknown keys \['heads'\]"),
+    ([("vocab_size", 11)], TypeError, "config must be a dict"),
+    ({"vocab_size": 11, "layers": 3}, ValueError, "layers must be a non-empty sequence"),
+])
+def test_build_refuses_bad_configs_by_name(config, exc, words):
+    with pytest.raises(exc, match=words):
+        build_hybrid_lm(config)

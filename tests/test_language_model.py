@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -248,3 +250,123 @@ def test_sampling_arguments_are_checked() -> None:
         filter_top_k(logits, 0)
     with pytest.raises(ValueError, match="sinks need the rolling cache"):
         generate(sharp_model(), tokens(1, 3), 2, sinks=1, window=2, use_cache=False)
+
+
+# ------------------------------------------------------------------------------------------------ sampling edges
+
+
+def test_top_k_at_its_boundaries() -> None:
+    logits = torch.tensor([[1.0, 3.0, 3.0, -math.inf, 0.5]])
+    assert torch.equal(filter_top_k(logits, 5), logits)  # k = V: unchanged
+    assert torch.equal(filter_top_k(logits, 7), logits)  # k > V: unchanged
+    assert torch.isfinite(filter_top_k(logits, 1)).tolist() == [[False, True, True, False, False]]  # ties kept
+    assert torch.isfinite(filter_top_k(logits, 3)).tolist() == [[True, True, True, False, False]]
+    for k, err in ((0, ValueError), (-1, ValueError), (1.0, TypeError), (True, TypeError), (None, TypeError)):
+        with pytest.raises(err, match="top_k must be an int >= 1"):
+            filter_top_k(logits, k)
+
+
+def test_top_p_at_its_boundaries() -> None:
+    logits = torch.tensor([[2.0, 2.0, 0.0, -math.inf]])
+    assert torch.equal(filter_top_p(logits, 1.0), logits)  # p = 1: every token
+    assert torch.isfinite(filter_top_p(logits, 1e-9)).sum() == 1  # tiny p: the most likely token only
+    for p, err in ((0.0, ValueError), (1.5, ValueError), (math.nan, ValueError), (-0.1, ValueError),
+                   (math.inf, ValueError), ("0.5", TypeError), (None, TypeError)):
+        with pytest.raises(err, match="top_p must be a float in"):
+            filter_top_p(logits, p)
+
+
+@pytest.mark.parametrize("fn,arg", [(filter_top_k, 2), (filter_top_p, 0.5)])
+def test_the_filters_refuse_nan_logits(fn, arg) -> None:
+    with pytest.raises(ValueError, match=r"logits must hold no NaN \(rows \[1\]"):
+        fn(torch.tensor([[0.0, 1.0, 2.0], [0.0, math.nan, 1.0]]), arg)
+    with pytest.raises(TypeError, match="logits must have a floating-point dtype"):
+        fn(torch.tensor([[0, 1, 2]]), arg)
+
+
+def test_temperature_at_its_boundaries() -> None:
+    logits = torch.tensor([[0.0, 2.0, 2.0, -math.inf], [1.0, 0.0, -1.0, -2.0]])
+    g = torch.Generator().manual_seed(0)
+    assert sample_next_token(logits, 0.0).tolist() == [1, 0]  # greedy: the lowest id among ties
+    tiny = torch.stack([sample_next_token(logits, 1e-30, generator=g) for _ in range(50)])
+    assert set(tiny[:, 0].tolist()) <= {1, 2} and (tiny[:, 1] == 0).all()  # tends to greedy, no overflow
+    for t, err in ((math.inf, ValueError), (-1.0, ValueError), (math.nan, ValueError), ("1", TypeError),
+                   (None, TypeError)):
+        with pytest.raises(err, match="temperature must be a finite float >= 0"):
+            sample_next_token(logits, t)
+
+
+def test_logits_with_inf_and_nan() -> None:
+    ok = torch.tensor([[-math.inf, 0.0, -math.inf]])
+    assert sample_next_token(ok, 1.0, generator=torch.Generator().manual_seed(0)).tolist() == [1]
+    for bad, pattern in ((torch.tensor([[0.0, math.nan]]), "no NaN or \\+inf"),
+                         (torch.tensor([[0.0, math.inf]]), "no NaN or \\+inf"),
+                         (torch.tensor([[-math.inf, -math.inf]]), "every logit of rows \\[0\\] is -inf")):
+        with pytest.raises(ValueError, match=pattern):
+            sample_next_token(bad, 1.0)
+
+
+def test_top_k_one_is_greedy_and_draws_nothing() -> None:
+    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(4))
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
+    assert torch.equal(sample_next_token(logits, 0.7, top_k=1, generator=g), logits.argmax(-1))
+    assert torch.equal(g.get_state(), state)
+
+
+@pytest.mark.parametrize("kwargs,err,pattern", [
+    ({"top_k": 0}, ValueError, "top_k must be an int >= 1"),
+    ({"top_k": -2}, ValueError, "top_k must be an int >= 1"),
+    ({"top_p": 0.0}, ValueError, "top_p must be a float in"),
+    ({"top_p": math.nan}, ValueError, "top_p must be a float in"),
+    ({"generator": 3}, TypeError, "generator must be a torch.Generator or None"),
+])
+def test_sampling_settings_are_checked_even_when_greedy(kwargs, err, pattern) -> None:
+    with pytest.raises(err, match=pattern):
+        sample_next_token(torch.randn(2, 5), 0.0, **kwargs)
+    with pytest.raises(err, match=pattern):
+        generate(sharp_model(), tokens(1, 3), 2, temperature=0.0, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,err,pattern", [
+    ({"model": torch.nn.Linear(2, 2)}, TypeError, "model must be a DecoderLM"),
+    ({"pad": [0]}, TypeError, "pad must be a torch.Tensor"),
+    ({"prompt": torch.tensor([[0, V]])}, ValueError, rf"tokens must be ids in \[0, {V}\)"),
+    ({"temperature": -1.0}, ValueError, "temperature must be"),
+])
+def test_generate_refuses_bad_arguments_and_gives_the_modes_back(kwargs, err, pattern) -> None:
+    model = sharp_model().train()
+    model.blocks[0].eval()  # mixed modes come back exactly
+    modes = [m.training for m in model.modules()]
+    args = {"model": model, "prompt": tokens(1, 3), "max_new_tokens": 2, **kwargs}
+    with pytest.raises(err, match=pattern):
+        generate(**args)
+    assert [m.training for m in model.modules()] == modes
+    generate(model, tokens(1, 3), 2, temperature=0.0)
+    assert [m.training for m in model.modules()] == modes
+
+
+@pytest.mark.parametrize("P,n,kwargs,pattern", [
+    (5, 5, {"use_cache": True}, "positions up to 8, but the model covers max_positions = 8"),
+    (5, 5, {"use_cache": False}, "positions up to 8, but the model covers max_positions = 8"),
+    (3, 5, {"max_len": 6}, "the cache must hold 7 tokens, but max_len = 6"),
+])
+def test_generate_refuses_a_text_past_the_model_before_drawing_anything(P, n, kwargs, pattern) -> None:
+    model = build_language_model({"vocab_size": V, "d_model": 8, "num_layers": 1, "num_heads": 2, "max_positions": 8,
+                                  "seed": 0})
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    with pytest.raises(ValueError, match=pattern):
+        generate(model, tokens(1, P), n, **kwargs)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert generate(model, tokens(1, 5), 4, temperature=0.0).shape == (1, 9)  # positions 0 .. 7: fits
+    assert generate(model, tokens(1, 5), 9, temperature=0.0, window=3).shape == (1, 14)  # rolling: no limit
+
+
+def test_left_pad_refuses_rows_that_are_not_ids_of_one_dtype() -> None:
+    from attention_core.models.language_model import left_pad
+
+    with pytest.raises(TypeError, match="rows must all hold int64"):
+        left_pad([torch.tensor([1, 2]), torch.tensor([1.5])])
+    with pytest.raises(TypeError, match="rows must all hold int64"):
+        left_pad([torch.tensor([1, 2]), torch.tensor([1], dtype=torch.int32)])

@@ -144,3 +144,11 @@ def test_training_runs_repeat_and_lower_the_loss(corpus, tmp_path: Path) -> None
     assert loaded_entry["sha256"] == entry["sha256"]
     x = corpus.val[:33][None, :32]
     assert torch.equal(loaded(x).logits, model(x).logits)
+
+
+@pytest.mark.parametrize("fn", [unigram_loss, bigram_loss])
+def test_baselines_refuse_ids_outside_the_vocabulary(fn):
+    with pytest.raises(ValueError, match=r"val must be ids in \[0, 5\)"):
+        fn(torch.arange(5), torch.tensor([7, 1]), 5)
+    with pytest.raises(ValueError, match=r"train must be ids in \[0, 5\)"):
+        fn(torch.tensor([-1, 2]), torch.tensor([1, 1]), 5)

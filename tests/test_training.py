@@ -255,3 +255,70 @@ def test_eval_mode_restores_every_flag_also_on_error():
     with pytest.raises(TypeError, match="nn.Module"):
         with eval_mode("not a model"):
             pass
+
+
+# ------------------------------------------------------------------------------------------------ modes (issue 37)
+
+
+def _mode_cases():
+    """(name, model, call): every public function of the models and task wings that runs a caller's model in
+    eval (or train) mode for its own work."""
+    from attention_core.models.captioner import Captioner, greedy_caption
+    from attention_core.models.hybrid_lm import build_hybrid_lm
+    from attention_core.models.language_model import build_language_model, generate
+    from attention_core.models.vit import VisionTransformer
+    from attention_core.shakespeare import heads, hybrid
+    from attention_core.shakespeare import train as shakespeare_train
+    from attention_core.vision import train as vision_train
+
+    lm = build_language_model({"vocab_size": 9, "d_model": 8, "num_layers": 2, "num_heads": 2, "seed": 0})
+    vit = VisionTransformer({"image_size": [4, 4], "patch_size": 2, "in_channels": 1, "num_classes": 3, "d_model": 8,
+                             "num_layers": 1, "num_heads": 2, "dim_feedforward": 8, "pos": "learned", "pool": "cls",
+                             "dropout": 0.1})
+    cap = Captioner({"image_size": [4, 8], "patch_size": 4, "in_channels": 1, "vocab_size": 5, "max_len": 2,
+                     "d_model": 8, "num_heads": 2, "dim_feedforward": 8, "encoder_layers": 1, "decoder_layers": 1})
+    hy = build_hybrid_lm({"vocab_size": 9, "d_model": 8, "num_heads": 2, "context": 4})
+    ids = torch.arange(20) % 9
+    seq = torch.tensor([[1, 2, 3, 1, 2, 3]])
+    x, y = torch.rand(6, 1, 4, 4), torch.arange(6) % 3
+    return [
+        ("generate greedy", lm, lambda: generate(lm, seq, 3, temperature=0.0)),
+        ("generate sampled", lm, lambda: generate(lm, seq, 3, generator=torch.Generator().manual_seed(0))),
+        ("generate no cache", lm, lambda: generate(lm, seq, 2, temperature=0.0, use_cache=False)),
+        ("greedy_caption", cap, lambda: greedy_caption(cap, torch.rand(2, 1, 4, 8), 0, 2)),
+        ("vision accuracy", vit, lambda: vision_train.accuracy(vit, x, y)),
+        ("vision train_classifier", vit, lambda: vision_train.train_classifier(vit, x, y, 1, 4, 1e-3, 1, 0.0, 0)),
+        ("probe_copying", lm, lambda: heads.probe_copying(lm, seq, 3)),
+        ("evaluate_loss", lm, lambda: shakespeare_train.evaluate_loss(lm, ids, 4, max_blocks=2)),
+        ("evaluate_hybrid", hy, lambda: hybrid.evaluate_hybrid(hy, ids, context=4, max_blocks=2)),
+    ]
+
+
+def _mixed_modes(model: torch.nn.Module) -> list:
+    model.train()
+    for i, m in enumerate(model.modules()):
+        m.training = i % 3 != 1  # a pattern that neither train() nor eval() reproduces
+    return [m.training for m in model.modules()]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_calls_that_switch_modes_give_every_flag_back(case: int) -> None:
+    name, model, call = _mode_cases()[case]
+    modes = _mixed_modes(model)
+    call()
+    assert [m.training for m in model.modules()] == modes, f"{name} changed the caller's modes"
+
+    class Boom(Exception):
+        pass
+
+    def boom(module, args):
+        raise Boom
+
+    handles = [m.register_forward_pre_hook(boom) for m in model.modules() if not list(m.children())]
+    try:
+        with pytest.raises(Boom):
+            call()
+    finally:
+        for h in handles:
+            h.remove()
+    assert [m.training for m in model.modules()] == modes, f"{name} changed the caller's modes on error"

@@ -276,3 +276,138 @@ def test_cnn_matches_the_vit_parameter_count() -> None:
     n = sum(p.numel() for p in VisionTransformer(VIT_RECIPE.config()).parameters())
     m = SmallCNN(cnn_config_matching(n))
     assert abs(sum(p.numel() for p in m.parameters()) - n) / n < 0.01
+
+
+# ------------------------------------------------------------------------------------------------ edges (issue 37)
+
+CNN = {"image_size": [8, 8], "in_channels": 1, "num_classes": 10, "channels": [2, 3]}
+
+
+def test_a_float64_vit_keeps_float64_end_to_end() -> None:
+    m = VisionTransformer(VIT).double().eval()
+    x = torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    out = m(x, need_weights=True)
+    assert out.logits.dtype == torch.float64 and out.logits.shape == (3, 10)
+    assert all(a.dtype == torch.float64 for a in out.attentions)
+    ref = VisionTransformer(VIT).eval()(x.float()).logits
+    assert torch.allclose(out.logits.float(), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("build,x", [
+    (lambda: VisionTransformer(VIT), torch.rand(2, 1, 8, 8, dtype=torch.float64)),
+    (lambda: VisionTransformer(VIT).double(), torch.rand(2, 1, 8, 8)),
+    (lambda: SmallCNN(CNN), torch.rand(2, 1, 8, 8, dtype=torch.float64)),
+])
+def test_images_of_another_dtype_than_the_model_are_refused_by_name(build, x) -> None:
+    with pytest.raises(TypeError, match=r"images has dtype torch\.float(64|32) but the module's parameters"):
+        build()(x)
+
+
+@pytest.mark.parametrize("build", [lambda: VisionTransformer(VIT), lambda: SmallCNN(CNN)])
+@pytest.mark.parametrize("x,err,pattern", [
+    (torch.zeros(2, 1, 8, 8, dtype=torch.uint8), TypeError, r"images must have a floating-point dtype.*uint8"),
+    ([[0.0]], TypeError, r"images must be a torch\.Tensor, got list"),
+    (torch.rand(1, 8, 8), ValueError, r"images must be \(B, 1, 8, 8\), got shape \(1, 8, 8\)"),
+    (torch.rand(1, 2, 8, 8), ValueError, r"images must be \(B, 1, 8, 8\), got shape \(1, 2, 8, 8\)"),
+    (torch.rand(1, 1, 12, 12), ValueError, r"images must be \(B, 1, 8, 8\), got shape \(1, 1, 12, 12\)"),
+    (torch.rand(1, 1, 8, 8, device="meta"), ValueError, r"images is on meta but the module's parameters are on cpu"),
+])
+def test_bad_images_are_refused_by_name(build, x, err, pattern) -> None:
+    with pytest.raises(err, match=pattern):
+        build()(x)
+
+
+@pytest.mark.parametrize("cls,base", [(VisionTransformer, VIT), (Captioner, CAP), (SmallCNN, CNN)])
+def test_bad_configs_are_refused_by_key(cls, base) -> None:
+    with pytest.raises(TypeError, match="config must be a dict"):
+        cls(3)
+    key = sorted(k for k in base if k != "seed")[0]
+    with pytest.raises(ValueError, match=rf"config lacks the keys \['{key}'\]"):
+        cls({k: v for k, v in base.items() if k != key})
+    with pytest.raises(ValueError, match=r"config has unknown keys \['colour'\]"):
+        cls({**base, "colour": 1})
+    with pytest.raises(TypeError, match=r"config\['seed'\] must be an int"):
+        cls({**base, "seed": 1.5})
+
+
+@pytest.mark.parametrize("key,value,err", [("num_classes", 0, ValueError), ("d_model", 1.5, TypeError),
+                                           ("num_layers", 0, ValueError), ("dropout", 1.0, ValueError),
+                                           ("image_size", 8, ValueError), ("in_channels", True, TypeError)])
+def test_vit_config_values_are_checked(key, value, err) -> None:
+    with pytest.raises(err, match=key):
+        VisionTransformer({**VIT, key: value})
+
+
+@pytest.mark.parametrize("key,value", [("encoder_layers", -1), ("max_len", 0), ("vocab_size", 0)])
+def test_captioner_config_values_are_checked(key, value) -> None:
+    with pytest.raises(ValueError, match=rf"config\['{key}'\]"):
+        Captioner({**CAP, key: value})
+
+
+@pytest.mark.parametrize("tokens,err,pattern", [
+    (torch.tensor([[0, -1]] * 2), ValueError, r"tokens must be ids in \[0, 11\).*from -1 to 0"),
+    (torch.tensor([[0, 11]] * 2), ValueError, r"tokens must be ids in \[0, 11\).*from 0 to 11"),
+    (torch.zeros(2, 2), TypeError, r"tokens must hold integer token ids.*float32"),
+    (torch.zeros(2, dtype=torch.long), ValueError, r"tokens must be \(B, L\) token ids, got shape \(2,\)"),
+    (torch.zeros(2, 2, 1, dtype=torch.long), ValueError, r"tokens must be \(B, L\).*\(2, 2, 1\)"),
+    (torch.zeros(3, 2, dtype=torch.long), ValueError, r"images \(batch 2\) and tokens \(batch 3\)"),
+    (torch.zeros(2, 4, dtype=torch.long), ValueError, r"tokens has length 4, more than max_len=3"),
+    ([[0]], TypeError, r"tokens must be a torch\.Tensor"),
+])
+def test_captioner_refuses_bad_tokens_by_name(tokens, err, pattern) -> None:
+    with pytest.raises(err, match=pattern):
+        Captioner(CAP)(torch.rand(2, 1, 8, 24), tokens)
+
+
+def test_captioner_refuses_float64_images_and_takes_them_as_a_float64_model() -> None:
+    x, t = torch.rand(2, 1, 8, 24, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.long)
+    with pytest.raises(TypeError, match="images has dtype torch.float64"):
+        Captioner(CAP)(x, t)
+    assert Captioner(CAP).double()(x, t).logits.dtype == torch.float64
+
+
+@pytest.mark.parametrize("kwargs,err,pattern", [
+    ({"start": 11}, ValueError, r"start must be an int in \[0, 11\)"),
+    ({"start": -1}, ValueError, r"start must be an int in \[0, 11\)"),
+    ({"start": 1.0}, TypeError, r"start must be an int"),
+    ({"length": -1}, ValueError, r"length must be an int in \[0, 3\]"),
+    ({"length": 4}, ValueError, r"length must be an int in \[0, 3\]"),
+    ({"model": torch.nn.Linear(2, 2)}, TypeError, "model must be a Captioner"),
+    ({"images": torch.rand(2, 1, 8, 24, dtype=torch.float64)}, TypeError, "images has dtype torch.float64"),
+])
+def test_greedy_caption_refuses_bad_arguments_by_name(kwargs, err, pattern) -> None:
+    args = {"model": Captioner(CAP), "images": torch.rand(2, 1, 8, 24), "start": 10, "length": 3, **kwargs}
+    model = args["model"]
+    modes = [m.training for m in model.modules()]
+    with pytest.raises(err, match=pattern):
+        greedy_caption(**args)
+    assert [m.training for m in model.modules()] == modes
+
+
+def test_greedy_caption_of_zero_words_and_of_an_empty_batch() -> None:
+    words, cross = greedy_caption(Captioner(CAP), torch.rand(2, 1, 8, 24), start=10, length=0)
+    assert words.shape == (2, 0) and cross.shape == (2, 0, 12)
+    words, cross = greedy_caption(Captioner(CAP), torch.rand(0, 1, 8, 24), start=10, length=3)
+    assert words.shape == (0, 3) and cross.shape == (0, 3, 12)
+
+
+def test_vit_and_cnn_on_an_empty_batch() -> None:
+    assert VisionTransformer(VIT)(torch.rand(0, 1, 8, 8)).logits.shape == (0, 10)
+    assert SmallCNN(CNN)(torch.rand(0, 1, 8, 8)).shape == (0, 10)
+
+
+def test_caption_helpers_refuse_bad_arguments_by_name() -> None:
+    from attention_core.vision import data as vdata
+
+    with pytest.raises(ValueError, match=r"words must be ids in \[0, 11\), got \[99\]"):
+        vdata.caption_text(torch.tensor([1, 99]))
+    with pytest.raises(ValueError, match="cells must be > 0"):
+        vdata.make_caption_set(torch.rand(5, 1, 8, 8), torch.arange(5), 3, cells=0)
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        vdata.make_caption_set(torch.rand(5, 1, 8, 8), torch.arange(5), -1)
+    with pytest.raises(ValueError, match="x and y must hold one image per label"):
+        vdata.make_caption_set(torch.rand(0, 1, 8, 8), torch.arange(0), 3)
+    with pytest.raises(TypeError, match="has_cls_token must be a bool"):
+        mean_attention_distance(torch.rand(1, 2, 4, 4), (2, 2), 2, has_cls_token=1)
+    with pytest.raises(TypeError, match="weights must be a torch.Tensor"):
+        mean_attention_distance([1.0], (2, 2), 2, has_cls_token=False)

@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from attention_core._checks import fmt_shape
+from attention_core._checks import check_int, check_real, fmt_shape
 from attention_core.functional import attention_weights
 from attention_core.models.rnn_attention import AdditiveAttention, LuongAttention
 from attention_core.multihead import MultiHeadAttention
@@ -93,8 +93,18 @@ def _check_pair(p: torch.Tensor, q: torch.Tensor) -> None:
 # ------------------------------------------------------------------------------------------ interventions
 
 
+def _check_allowed(weights: object, allowed: object) -> None:
+    if not isinstance(weights, torch.Tensor) or not isinstance(allowed, torch.Tensor):
+        raise TypeError(f"weights and allowed must be tensors, got {type(weights).__name__} and "
+                        f"{type(allowed).__name__}")
+    if allowed.dtype != torch.bool or allowed.shape != weights.shape:
+        raise ValueError(f"allowed must be a bool tensor of the weights' shape {fmt_shape(weights.shape)}, got "
+                         f"{allowed.dtype} {fmt_shape(allowed.shape)}")
+
+
 def uniform_weights(weights: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Every allowed position of a row gets ``1 / n`` (n = allowed positions); rows with none stay zeros."""
+    _check_allowed(weights, allowed)
     allowed_f = allowed.to(weights.dtype)
     return allowed_f / allowed_f.sum(-1, keepdim=True).clamp_min(1.0)
 
@@ -106,9 +116,12 @@ def permute_weights(generator: Optional[torch.Generator] = None) -> Intervention
     new permutation is drawn for every row at every call, from ``generator`` (default: a fresh generator seeded
     0, so that two runs permute alike).
     """
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
 
     def fn(weights: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        _check_allowed(weights, allowed)
         noise = torch.rand(weights.shape, generator=gen).to(weights.device)  # (..., S)
         noise = torch.where(allowed, noise, torch.full_like(noise, 2.0))  # masked positions sort last
         shuffled = noise.argsort(-1)  # allowed positions in random order, then the masked ones
@@ -131,6 +144,19 @@ class Recorder:
         return weights
 
 
+def _checked(new: object, weights: torch.Tensor) -> torch.Tensor:
+    """What an intervention returned, if it can replace ``weights``; raise otherwise."""
+    if not isinstance(new, torch.Tensor):
+        raise TypeError(f"the intervention must return a tensor of weights, got {type(new).__name__}")
+    if new.shape != weights.shape:
+        raise ValueError(f"the intervention returned shape {fmt_shape(new.shape)} for weights of shape "
+                         f"{fmt_shape(weights.shape)}")
+    if new.dtype != weights.dtype or new.device != weights.device:
+        raise TypeError(f"the intervention returned {new.dtype} on {new.device} for weights of {weights.dtype} on "
+                        f"{weights.device}")
+    return new
+
+
 def _additive_hook(fn: Intervention) -> Callable:
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: tuple) -> tuple:
         _, weights = output
@@ -142,15 +168,24 @@ def _additive_hook(fn: Intervention) -> Callable:
             allowed = torch.ones_like(weights, dtype=torch.bool)
         else:
             allowed = (mask if weights.dim() == 2 else mask[:, None, :]).expand(weights.shape)  # (B, [L,] S)
-        new = fn(weights, allowed)
-        if new.shape != weights.shape:
-            raise ValueError(f"the intervention returned shape {fmt_shape(new.shape)} for weights of shape "
-                             f"{fmt_shape(weights.shape)}")
+        new = _checked(fn(weights, allowed), weights)
         if new.dim() == 2:
             return (new[:, None, :] @ value)[:, 0], new  # (B, 1, S) @ (B, S, Dv) -> (B, Dv)
         return new @ value, new  # (B, L, S) @ (B, S, Dv) -> (B, L, Dv)
 
     return hook
+
+
+def _additive_forward(m: nn.Module, fn: Intervention) -> Callable:
+    """A replacement for ``m.forward`` (additive or global Luong attention): the layer's own forward, then its
+    weights through ``fn`` and the context recomputed from what ``fn`` returns."""
+    hook = _additive_hook(fn)
+    own = type(m).forward
+
+    def forward(*args: object, **kwargs: object) -> tuple:
+        return hook(m, args, kwargs, own(m, *args, **kwargs))
+
+    return forward
 
 
 def _mha_forward(m: MultiHeadAttention, fn: Intervention) -> Callable:
@@ -183,10 +218,7 @@ def _mha_forward(m: MultiHeadAttention, fn: Intervention) -> Callable:
             allowed = mask.expand(weights.shape)
         else:
             allowed = (mask > -math.inf).expand(weights.shape)
-        new = fn(weights, allowed)
-        if new.shape != weights.shape:
-            raise ValueError(f"the intervention returned shape {fmt_shape(new.shape)} for weights of shape "
-                             f"{fmt_shape(weights.shape)}")
+        new = _checked(fn(weights, allowed), weights)
         out = (new @ v).transpose(1, 2).reshape(B, L, m.embed_dim)  # (B, Hq, L, E) -> (B, L, Hq * E)
         return m.out_proj(out), (new if need_weights else None)
 
@@ -202,11 +234,24 @@ def intervene(modules: Union[nn.Module, Iterable[nn.Module]], fn: Intervention) 
             :class:`~attention_core.models.rnn_attention.LuongAttention`, :class:`~attention_core.MultiHeadAttention`.
         fn: an :data:`Intervention`. It is called once per forward call of each layer, in call order.
 
+    A layer listed twice is intervened on once. Blocks nest: an inner :func:`intervene` on a layer that an outer
+    one already changes applies the inner ``fn`` until it exits, then the outer one again. Every check runs before
+    any layer is changed, and on exit (also on error) each layer is exactly as it was: its ``forward``, its hooks,
+    its weights.
+
     Raises:
-        TypeError: a module of another kind, or ``fn`` not callable.
+        TypeError: a module of another kind, ``modules`` not a module or an iterable of them, or ``fn`` not callable.
         ValueError: a local :class:`LuongAttention` (its window is not a renormalised distribution).
     """
-    mods = [modules] if isinstance(modules, nn.Module) else list(modules)
+    if isinstance(modules, nn.Module):
+        mods = [modules]
+    else:
+        try:
+            mods = list(modules)
+        except TypeError:
+            raise TypeError(f"modules must be an attention layer or an iterable of them, got "
+                            f"{type(modules).__name__}") from None
+    mods = list({id(m): m for m in mods}.values())  # each layer once, in the order given
     if not callable(fn):
         raise TypeError(f"fn must be callable (weights, allowed) -> weights, got {type(fn).__name__}")
     for mod in mods:
@@ -215,20 +260,20 @@ def intervene(modules: Union[nn.Module, Iterable[nn.Module]], fn: Intervention) 
         if not isinstance(mod, (AdditiveAttention, LuongAttention, MultiHeadAttention)):
             raise TypeError(f"modules must be AdditiveAttention, LuongAttention or MultiHeadAttention layers, got "
                             f"{type(mod).__name__}")
-    handles, patched = [], []
+    patched = []
+    missing = object()
     try:
         for mod in mods:
-            if isinstance(mod, MultiHeadAttention):
-                mod.forward = _mha_forward(mod, fn)  # an instance attribute shadows the class's method
-                patched.append(mod)
-            else:
-                handles.append(mod.register_forward_hook(_additive_hook(fn), with_kwargs=True))
+            patched.append((mod, mod.__dict__.get("forward", missing)))  # an outer intervention's, if any
+            # an instance attribute shadows the class's method; an inner block replaces an outer one's
+            mod.forward = _mha_forward(mod, fn) if isinstance(mod, MultiHeadAttention) else _additive_forward(mod, fn)
         yield
     finally:
-        for h in handles:
-            h.remove()
-        for mod in patched:
-            del mod.forward
+        for mod, before in reversed(patched):
+            if before is missing:
+                mod.__dict__.pop("forward", None)
+            else:
+                mod.forward = before
 
 
 # ------------------------------------------------------------------------------------------ adversary
@@ -268,7 +313,8 @@ class _Replay:
     def __call__(self, weights: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         i, self.calls = self.calls, self.calls + 1
         if i >= len(self.logits) or self.logits[i].shape != weights.shape:
-            raise RuntimeError("the model called its attention in another order or shape than when recorded")
+            raise ValueError("run must call the attention layers in the same order and shapes every time (teacher "
+                             "forcing); this call differs from the recorded ones")
         return self.weights(i)
 
 
@@ -299,10 +345,14 @@ def adversarial_attention(run: Callable[[], torch.Tensor], modules: Union[nn.Mod
     Returns:
         :class:`AdversarialResult`.
     """
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon <= 1:
-        raise ValueError(f"epsilon must be in (0, 1], got {epsilon!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if not callable(run):
+        raise TypeError(f"run must be a callable () -> output probabilities, got {type(run).__name__}")
+    epsilon = check_real(epsilon, "epsilon", low=0, high=1, low_open=True)
+    check_int(steps, "steps", low=1)
+    lr = check_real(lr, "lr", low=0, low_open=True)
+    penalty = check_real(penalty, "penalty", low=0)
+    init_noise = check_real(init_noise, "init_noise", low=0)
+    check_int(seed, "seed", low=0)
     rec = Recorder()
     with torch.no_grad(), intervene(modules, rec):
         base = run().detach()
@@ -331,8 +381,10 @@ def adversarial_attention(run: Callable[[], torch.Tensor], modules: Union[nn.Mod
                 k = keep.reshape(B, *([1] * (best[i].dim() - 1)))
                 best[i] = torch.where(k, replay.weights(i).detach(), best[i])
         loss = -torch.cat([d.flatten() for d in divs]).mean() + penalty * torch.relu(dist - epsilon).mean()
-        opt.zero_grad()
-        loss.backward()
+        # gradients of the adversarial logits only: the model's parameters (and their .grad) stay untouched
+        grads = torch.autograd.grad(loss, logits, allow_unused=True)
+        for z, g in zip(logits, grads):
+            z.grad = torch.zeros_like(z) if g is None else g
         opt.step()
     check = _Replay([torch.log(b.clamp_min(1e-30)) for b in best], rec.allowed)
     with torch.no_grad(), intervene(modules, check):

@@ -19,8 +19,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attention_core._checks import fmt_shape
+from attention_core._checks import check_positive_int, check_tensor, fmt_shape
 from attention_core.masks import padding_mask
+from attention_core.models._inputs import check_token_ids
 from attention_core.models.rnn_attention import AdditiveAttention
 
 __all__ = ["CLASSIFIER_DEFAULTS", "AttentionClassifier", "ClassifierOutput", "build_classifier"]
@@ -55,6 +56,9 @@ class AttentionClassifier(nn.Module):
                  encoder: str = "gru", attention: str = "additive", config: Optional[Dict[str, Any]] = None
                  ) -> None:
         super().__init__()
+        for name, n in {"vocab_size": vocab_size, "num_classes": num_classes, "embed_dim": embed_dim,
+                        "hidden_dim": hidden_dim}.items():
+            check_positive_int(n, name)
         if encoder not in ("gru", "none"):
             raise ValueError(f"encoder must be 'gru' or 'none', got {encoder!r}")
         if attention not in ("additive", "uniform"):
@@ -70,14 +74,21 @@ class AttentionClassifier(nn.Module):
 
     def encode(self, ids: torch.Tensor, valid_lens: torch.Tensor) -> torch.Tensor:
         """The keys (and values) of the pooling: (B, S) ids -> (B, S, Dk), zeros at padding."""
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype != torch.long:
-            got = fmt_shape(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-            raise ValueError(f"ids must be (B, S) int64 token ids, got {got}")
-        if not isinstance(valid_lens, torch.Tensor) or tuple(valid_lens.shape) != (ids.shape[0],):
-            raise ValueError(f"valid_lens must be a ({ids.shape[0]},) tensor of lengths")
+        check_token_ids(ids, "ids", self.embedding.num_embeddings, self.embedding.weight.device)
+        check_tensor(valid_lens, "valid_lens")
+        if valid_lens.dtype.is_floating_point or valid_lens.dtype == torch.bool or valid_lens.is_complex():
+            raise TypeError(f"valid_lens must hold integer lengths, got dtype {valid_lens.dtype}")
+        if tuple(valid_lens.shape) != (ids.shape[0],):
+            raise ValueError(f"valid_lens must be a ({ids.shape[0]},) tensor of lengths, got shape "
+                             f"{fmt_shape(valid_lens.shape)}")
+        if valid_lens.device != ids.device:
+            raise ValueError(f"valid_lens is on {valid_lens.device} but ids is on {ids.device}")
         if bool((valid_lens < 1).any()) or bool((valid_lens > ids.shape[1]).any()):
-            raise ValueError(f"valid_lens must be in [1, {ids.shape[1]}], got {valid_lens.tolist()}")
+            raise ValueError(f"valid_lens must be in [1, {ids.shape[1]}] (S = {ids.shape[1]}), got "
+                             f"{valid_lens.tolist()[:8]}")
         emb = self.embedding(ids)  # (B, S) -> (B, S, E)
+        if ids.shape[0] == 0:  # an empty batch: nothing to pack
+            return emb.new_zeros(0, ids.shape[1], self.query.shape[0])  # (0, S, Dk)
         if self.rnn is None:
             return emb * padding_mask(valid_lens, ids.shape[1])[..., None]
         packed = pack_padded_sequence(emb, valid_lens.cpu(), batch_first=True, enforce_sorted=False)
@@ -112,6 +123,7 @@ def build_classifier(config: Dict[str, Any]) -> AttentionClassifier:
     if unknown:
         raise ValueError(f"config has unknown keys {sorted(unknown)}")
     full = {**CLASSIFIER_DEFAULTS, **config}
+    check_positive_int(full["seed"], "config['seed']", allow_zero=True)
     kwargs = {k: v for k, v in full.items() if k != "seed"}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(full["seed"])

@@ -12,6 +12,9 @@ from typing import Any, Dict, Tuple
 import torch
 from torch import nn
 
+from attention_core._checks import check_positive_int
+from attention_core.models._inputs import check_config, check_images
+
 __all__ = ["SmallCNN", "build_cnn", "cnn_parameters"]
 
 
@@ -20,8 +23,19 @@ class SmallCNN(nn.Module):
 
     def __init__(self, config: Dict[str, Any]) -> None:
         super().__init__()
-        self.config = dict(config)
+        self.config = check_config(config, "config", ("image_size", "in_channels", "num_classes", "channels"),
+                                   ("seed",))
         c = self.config
+        if (not isinstance(c["image_size"], (list, tuple)) or len(c["image_size"]) != 2
+                or not isinstance(c["channels"], (list, tuple)) or len(c["channels"]) != 2):
+            raise ValueError(f"config['image_size'] and config['channels'] must be pairs of ints, got "
+                             f"{c['image_size']!r:.40} and {c['channels']!r:.40}")
+        for key, n in [("image_size", c["image_size"][0]), ("image_size", c["image_size"][1]),
+                       ("in_channels", c["in_channels"]), ("num_classes", c["num_classes"]),
+                       ("channels", c["channels"][0]), ("channels", c["channels"][1])]:
+            check_positive_int(n, f"config['{key}']")
+        check_positive_int(c.get("seed", 0), "config['seed']", allow_zero=True)
+        self.image_size = tuple(c["image_size"])
         H, W = c["image_size"]
         if H % 4 or W % 4:
             raise ValueError(f"image_size must be multiples of 4 (two 2x2 pools), got {H}x{W}")
@@ -35,7 +49,8 @@ class SmallCNN(nn.Module):
             self.head = nn.Linear(c2 * (H // 4) * (W // 4), c["num_classes"])
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> logits (B, num_classes)."""
+        """(B, C, H, W) -> logits (B, num_classes), in the module's dtype (a float64 module takes float64 images)."""
+        check_images(images, "images", self.config["in_channels"], self.image_size, self.head.weight)
         return self.head(self.features(images).flatten(1))  # (B, c2, H/4, W/4) -> (B, c2*H*W/16)
 
 

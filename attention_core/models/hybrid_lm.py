@@ -19,9 +19,10 @@ from typing import Any, Dict, Sequence
 import torch
 import torch.nn as nn
 
-from attention_core._checks import check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import check_positive_int
 from attention_core.functional import scaled_dot_product_attention
 from attention_core.linear_attention import linear_attention
+from attention_core.models._inputs import check_config, check_token_ids
 
 __all__ = ["KINDS", "HybridLM", "MixerBlock", "build_hybrid_lm"]
 
@@ -81,7 +82,8 @@ class HybridLM(nn.Module):
         check_positive_int(window, "window")
         if d_model % num_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
-        if isinstance(layers, str) or not layers or any(k not in KINDS for k in layers):
+        if isinstance(layers, str) or not isinstance(layers, (list, tuple)) or not layers \
+                or any(k not in KINDS for k in layers):
             raise ValueError(f"layers must be a non-empty sequence of {KINDS}, got {layers!r}")
         self.config: Dict[str, Any] = {"vocab_size": vocab_size, "layers": list(layers), "d_model": d_model,
                                        "num_heads": num_heads, "context": context, "window": window}
@@ -95,9 +97,7 @@ class HybridLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, L) int64 -> logits (B, L, vocab_size)."""
-        check_tensor(tokens, "tokens")
-        if tokens.dim() != 2 or tokens.dtype != torch.long:
-            raise ValueError(f"tokens must be (B, L) int64, got shape {fmt_shape(tokens.shape)} {tokens.dtype}")
+        check_token_ids(tokens, "tokens", self.config["vocab_size"], self.embed.weight.device)
         L = tokens.shape[1]
         if L > self.context:
             raise ValueError(f"tokens has length {L}, longer than the model's context {self.context}")
@@ -130,8 +130,7 @@ class HybridLM(nn.Module):
 def build_hybrid_lm(config: Dict[str, Any], seed: int = 0) -> HybridLM:
     """A :class:`HybridLM` from its config dict (what a checkpoint stores), its weights drawn from a generator
     seeded with ``seed`` inside ``torch.random.fork_rng``: torch's global generator is left as it was."""
-    if not isinstance(config, dict):
-        raise TypeError(f"config must be a dict, got {type(config).__name__}")
+    config = check_config(config, "config", ("vocab_size",), ("layers", "d_model", "num_heads", "context", "window"))
     check_positive_int(seed, "seed", allow_zero=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -58,6 +58,7 @@ from attention_core.models.kv_cache import KVCache, cached_causal_mask, decode_m
 from attention_core.models.latent_attention import LatentSelfAttention
 from attention_core.multihead import MultiHeadAttention
 from attention_core.positional import RotaryEmbedding
+from attention_core.training.modes import eval_mode
 
 __all__ = [
     "DecoderBlock",
@@ -100,6 +101,9 @@ def left_pad(rows: List[torch.Tensor], pad_id: int = 0) -> Tuple[torch.Tensor, t
     """Stack 1-D prompts of different lengths, padded on the left: ``(tokens (B, P), pad (B,) int64)``."""
     if not rows or any(not isinstance(r, torch.Tensor) or r.dim() != 1 or r.numel() == 0 for r in rows):
         raise ValueError("rows must be a non-empty list of non-empty 1-D token tensors")
+    if any(r.dtype != rows[0].dtype or r.dtype not in (torch.int64, torch.int32) for r in rows):
+        raise TypeError(f"rows must all hold int64 (or int32) token ids of one dtype, got "
+                        f"{sorted({str(r.dtype) for r in rows})}")
     P = max(r.numel() for r in rows)
     tokens = torch.full((len(rows), P), pad_id, dtype=rows[0].dtype)
     for i, r in enumerate(rows):
@@ -496,9 +500,27 @@ def build_language_model(config: Union[LMConfig, Dict[str, Any]]) -> DecoderLM:
 # --------------------------------------------------------------------------------------------- sampling
 
 
+def _check_logits(logits: object, name: str = "logits") -> torch.Tensor:
+    check_tensor(logits, name)
+    check_floating(logits, name)
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"{name} must be (..., V) with V >= 1, got shape {fmt_shape(logits.shape)}")
+    if logits.device.type == "meta":
+        raise ValueError(f"{name} is a meta tensor: it has no values to filter or sample from")
+    if logits.isnan().any():
+        rows = logits.isnan().reshape(-1, logits.shape[-1]).any(-1).nonzero().flatten().tolist()
+        raise ValueError(f"{name} must hold no NaN (rows {rows[:5]} do): they give no distribution")
+    return logits
+
+
 def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the ``k`` largest logits of each row (ties with the k-th kept too); the rest become ``-inf``."""
-    k = check_positive_int(k, "top_k")
+    """Keep the ``k`` largest logits of each row (ties with the k-th kept too); the rest become ``-inf``.
+
+    Boundaries: ``k >= V`` keeps every logit (the row unchanged); ``k = 1`` keeps the largest (and any tie with
+    it); ``k < 1``, a bool or a non-int is refused, and so are NaN logits. ``-inf`` logits stay ``-inf``.
+    """
+    _check_logits(logits)
+    k = check_int(k, "top_k", low=1, note="(tokens kept per row)")
     if k >= logits.shape[-1]:
         return logits
     kth = logits.topk(k, dim=-1).values[..., -1:]  # (..., 1)
@@ -506,8 +528,16 @@ def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Nucleus filter: keep the fewest most likely tokens whose probabilities sum to at least ``p``."""
-    check_real(p, "top_p", low=0, high=1, low_open=True)
+    """Nucleus filter: keep the fewest most likely tokens whose probabilities sum to at least ``p``.
+
+    Boundaries: ``p`` in ``(0, 1]``; ``p = 1`` keeps every token (the row unchanged, whatever the rounding of
+    the cumulative sum); a tiny ``p`` keeps the most likely token (and the tokens tied with it that come first in
+    the sort); ``p <= 0``, ``p > 1``, NaN or a non-number is refused, and so are NaN logits.
+    """
+    _check_logits(logits)
+    p = check_real(p, "top_p", low=0, high=1, low_open=True)
+    if p >= 1.0:
+        return logits
     probs, order = logits.softmax(-1).sort(dim=-1, descending=True)  # (..., V) each
     before = probs.cumsum(-1) - probs  # probability mass of the more likely tokens
     drop_sorted = before >= p  # the set already reached p without this token
@@ -515,17 +545,37 @@ def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def _check_sampling(temperature: object, top_k: object, top_p: object, generator: object) -> float:
+    """Validate the sampling settings (before any work); return the temperature as a float."""
+    temperature = check_real(temperature, "temperature", low=0)
+    if top_k is not None:
+        check_int(top_k, "top_k", low=1, note="(tokens kept per row) or None")
+    if top_p is not None:
+        check_real(top_p, "top_p", low=0, high=1, low_open=True)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    return temperature
+
+
 def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
                       top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """One token per row of ``logits`` (B, V): greedy when ``temperature == 0``, else sampled from
-    ``softmax(logits / temperature)`` restricted by ``top_k`` and ``top_p``. Returns (B,) int64."""
+    """One token per row of ``logits`` (B, V): greedy when ``temperature == 0`` or ``top_k == 1``, else sampled
+    from ``softmax(logits / temperature)`` restricted by ``top_k`` and ``top_p``. Returns (B,) int64.
+
+    Greedy picks the largest logit, the lowest id among ties, and draws no random number: torch's global
+    generator is not touched. Sampling draws from ``generator`` (the global generator only when it is ``None``).
+    Boundaries: ``temperature`` a finite float >= 0 (a tiny one tends to greedy without overflowing; ``inf``,
+    NaN and negative values are refused); ``top_k`` an int >= 1 or None (``>= V`` keeps every token);
+    ``top_p`` in ``(0, 1]`` or None. Logits may hold ``-inf`` (never drawn) but no NaN or ``+inf``, and a row
+    must keep one finite logit.
+    """
     check_tensor(logits, "logits")
     if logits.dim() != 2 or logits.shape[1] == 0:
         raise ValueError(f"logits must be (B, V) with V >= 1, got shape {fmt_shape(logits.shape)}")
     check_floating(logits, "logits")
     if logits.device.type == "meta":
         raise ValueError("logits is a meta tensor: it has no values to sample from")
-    check_real(temperature, "temperature", low=0)
+    temperature = _check_sampling(temperature, top_k, top_p, generator)
     if logits.numel():
         if logits.isnan().any() or (logits == math.inf).any():
             rows = (logits.isnan() | (logits == math.inf)).any(-1).nonzero().flatten().tolist()
@@ -533,7 +583,7 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: Opt
         if (logits == -math.inf).all(-1).any():
             rows = (logits == -math.inf).all(-1).nonzero().flatten().tolist()
             raise ValueError(f"every logit of rows {rows[:5]} is -inf: nothing can be drawn")
-    if temperature == 0:
+    if temperature == 0 or top_k == 1:
         return logits.argmax(-1)
     scaled = logits.float() / temperature
     if (torch.isfinite(logits) & ~torch.isfinite(scaled)).any():
@@ -561,7 +611,14 @@ def generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temper
     (rolling if ``window`` is given; ``max_len`` preallocates it); without, every step recomputes the model over
     the whole text. ``pad`` (B,): the prompt rows are left-padded by that many tokens (see :func:`left_pad`).
     ``absorbed``: latent attention's form (default: absorbed with the cache).
+
+    The model runs in eval mode and every submodule's mode is given back afterwards, also when the call raises.
+    Greedy decoding (``temperature=0`` or ``top_k=1``) draws no random number; sampling draws from
+    ``generator`` only (torch's global generator when it is ``None``). The sampling settings are those of
+    :func:`sample_next_token`, checked before the prompt is read.
     """
+    if not isinstance(model, DecoderLM):
+        raise TypeError(f"model must be a DecoderLM, got {type(model).__name__}")
     check_tensor(prompt, "prompt")
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError(f"prompt must be (B, P) token ids with P >= 1, got shape {fmt_shape(prompt.shape)}")
@@ -569,7 +626,26 @@ def generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temper
     check_bool_flag(use_cache, "use_cache")
     if sinks and not use_cache:
         raise ValueError("sinks need the rolling cache (use_cache=True)")
-    model.eval()
+    _check_sampling(temperature, top_k, top_p, generator)
+    if pad is not None:
+        check_tensor(pad, "pad")
+    fed = prompt.shape[1] + max(max_new_tokens - 1, 0)  # the last new token is sampled, never fed back
+    if (not use_cache or (window is None and not sinks)) and fed > model.rotary.max_len:
+        raise ValueError(f"prompt has P = {prompt.shape[1]} tokens and max_new_tokens = {max_new_tokens}: positions "
+                         f"up to {fed - 1}, but the model covers max_positions = {model.rotary.max_len} (a rolling "
+                         "cache, window=..., has no such limit)")
+    if use_cache and window is None and not sinks and isinstance(max_len, int) and fed > max_len:
+        raise ValueError(f"prompt has P = {prompt.shape[1]} tokens and max_new_tokens = {max_new_tokens}: the cache "
+                         f"must hold {fed} tokens, but max_len = {max_len}")
+    with eval_mode(model):
+        return _generate(model, prompt, max_new_tokens, temperature, top_k, top_p, generator, use_cache, window,
+                         sinks, pad, absorbed, max_len)
+
+
+def _generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temperature: float,
+              top_k: Optional[int], top_p: Optional[float], generator: Optional[torch.Generator], use_cache: bool,
+              window: Optional[int], sinks: int, pad: Optional[torch.Tensor], absorbed: Optional[bool],
+              max_len: Optional[int]) -> torch.Tensor:
     tokens = prompt
     cache = model.new_cache(window, sinks, max_len) if use_cache else None
     pad_row = None if pad is None else pad.to(prompt.device)

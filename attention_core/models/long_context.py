@@ -25,6 +25,8 @@ import torch.nn.functional as F
 
 from attention_core._checks import check_positive_int, check_tensor, fmt_shape
 from attention_core.masks import causal_mask
+from attention_core.models._inputs import check_token_ids
+from attention_core.models.language_model import CausalSelfAttention, DecoderLM
 
 __all__ = ["clamped_offset_attention", "forward_clamped_offsets"]
 
@@ -44,7 +46,14 @@ def clamped_offset_attention(query: torch.Tensor, key: torch.Tensor, value: torc
         (B, Hq, L, Ev).
     """
     max_offset = check_positive_int(max_offset, "max_offset", allow_zero=True)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(t, name)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be (B, heads, L, features), got shape {fmt_shape(t.shape)}")
     B, Hq, L, E = query.shape
+    if key.shape[0] != B or key.shape[2] != L or key.shape[3] != E or value.shape[:3] != key.shape[:3]:
+        raise ValueError(f"key (B, H, L, E) and value (B, H, L, Ev) must match query (B, Hq, L, E) = "
+                         f"{fmt_shape(query.shape)}, got {fmt_shape(key.shape)} and {fmt_shape(value.shape)}")
     H = key.shape[1]
     if Hq % H:
         raise ValueError(f"key has {H} heads, which must divide the query's {Hq}")
@@ -64,10 +73,15 @@ def clamped_offset_attention(query: torch.Tensor, key: torch.Tensor, value: torc
 def forward_clamped_offsets(model, tokens: torch.Tensor, max_offset: int) -> torch.Tensor:  # noqa: ANN001
     """Logits (B, L, V) of ``model`` (a ``DecoderLM``) on ``tokens`` (B, L) with every key kept and the rotary
     offsets clamped at ``max_offset`` (see the module's docstring)."""
-    check_tensor(tokens, "tokens")
-    if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"tokens must be a (B, L) integer tensor, got {tokens.dtype} {fmt_shape(tokens.shape)}")
+    if not isinstance(model, DecoderLM) or not isinstance(model.blocks[0].attn, CausalSelfAttention):
+        raise TypeError(f"model must be a DecoderLM with standard (not latent) attention, got {type(model).__name__}")
+    check_token_ids(tokens, "tokens", model.vocab_size, model.embed.weight.device, (torch.int64, torch.int32))
+    check_positive_int(max_offset, "max_offset", allow_zero=True)
     B, L = tokens.shape
+    if L == 0:
+        return model.embed.weight.new_zeros(B, 0, model.vocab_size)  # (B, 0, V)
+    if L > model.rotary.max_len:
+        raise ValueError(f"tokens has L = {L} positions but the model covers max_positions = {model.rotary.max_len}")
     x = model.embed(tokens)  # (B, L) -> (B, L, D)
     for block in model.blocks:
         attn = block.attn

@@ -17,6 +17,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import nn
 
+from attention_core._checks import check_dropout, check_positive_int, check_tensor, fmt_shape
+from attention_core.models._inputs import check_config, check_images
 from attention_core.models.transformer import TransformerEncoder, TransformerEncoderLayer
 from attention_core.positional import sinusoidal_encoding
 
@@ -34,6 +36,9 @@ __all__ = [
 
 def patch_grid(image_size: Tuple[int, int], patch_size: int) -> Tuple[int, int]:
     """Rows and columns of patches of an image of ``image_size = (H, W)`` cut into ``patch_size`` squares."""
+    if (not isinstance(image_size, (tuple, list)) or len(image_size) != 2
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in image_size)):
+        raise ValueError(f"image_size must be (H, W), two positive ints, got {image_size!r:.60}")
     H, W = image_size
     if not isinstance(patch_size, int) or isinstance(patch_size, bool) or patch_size < 1:
         raise ValueError(f"patch_size must be a positive int, got {patch_size!r}")
@@ -53,9 +58,9 @@ def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
         (B, N, C*p*p) with ``N = (H/p) * (W/p)``; patch ``n = r * (W/p) + c`` holds rows ``r*p .. r*p+p-1`` and
         columns ``c*p .. c*p+p-1``, flattened channel-first then row-major.
     """
-    if not isinstance(images, torch.Tensor) or images.dim() != 4:
-        shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
-        raise ValueError(f"images must be a (B, C, H, W) tensor, got {shape}")
+    check_tensor(images, "images")
+    if images.dim() != 4:
+        raise ValueError(f"images must be a (B, C, H, W) tensor, got shape {fmt_shape(images.shape)}")
     B, C, H, W = images.shape
     gh, gw = patch_grid((H, W), patch_size)
     p = patch_size
@@ -66,8 +71,9 @@ def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
 
 def unpatchify(patches: torch.Tensor, patch_size: int, image_size: Tuple[int, int]) -> torch.Tensor:
     """The inverse of :func:`patchify`: (B, N, C*p*p) -> (B, C, H, W) for ``image_size = (H, W)``."""
-    if not isinstance(patches, torch.Tensor) or patches.dim() != 3:
-        raise ValueError("patches must be a (B, N, C*p*p) tensor")
+    check_tensor(patches, "patches")
+    if patches.dim() != 3:
+        raise ValueError(f"patches must be a (B, N, C*p*p) tensor, got shape {fmt_shape(patches.shape)}")
     B, N, F = patches.shape
     gh, gw = patch_grid(image_size, patch_size)
     p = patch_size
@@ -107,7 +113,10 @@ class PatchEmbedding(nn.Module):
 
     def __init__(self, image_size: Tuple[int, int], patch_size: int, in_channels: int, d_model: int) -> None:
         super().__init__()
-        self.grid = patch_grid(tuple(image_size), patch_size)
+        self.grid = patch_grid(tuple(image_size) if isinstance(image_size, (tuple, list)) else image_size,
+                               patch_size)
+        check_positive_int(in_channels, "in_channels")
+        check_positive_int(d_model, "d_model")
         self.patch_size = patch_size
         self.in_channels = in_channels
         self.proj = nn.Linear(in_channels * patch_size * patch_size, d_model)
@@ -117,12 +126,9 @@ class PatchEmbedding(nn.Module):
         return self.grid[0] * self.grid[1]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, N, D)."""
-        if images.dim() != 4 or images.shape[1] != self.in_channels:
-            raise ValueError(f"images must be (B, {self.in_channels}, H, W), got {tuple(images.shape)}")
-        if patch_grid(tuple(images.shape[-2:]), self.patch_size) != self.grid:
-            raise ValueError(f"images must be {self.grid[0] * self.patch_size}x{self.grid[1] * self.patch_size}, "
-                             f"got {tuple(images.shape[-2:])}")
+        """(B, C, H, W) -> (B, N, D), in the dtype of the projection (a float64 module keeps float64)."""
+        p = self.patch_size
+        check_images(images, "images", self.in_channels, (self.grid[0] * p, self.grid[1] * p), self.proj.weight)
         return self.proj(patchify(images, self.patch_size))  # (B, N, C*p*p) -> (B, N, D)
 
 
@@ -139,6 +145,11 @@ class ViTOutput:
     attentions: Optional[Tuple[torch.Tensor, ...]] = None
 
 
+#: The keys a :class:`VisionTransformer` config must have (``dropout`` and ``seed`` are optional).
+VIT_KEYS = ("image_size", "patch_size", "in_channels", "num_classes", "d_model", "num_layers", "num_heads",
+            "dim_feedforward", "pos", "pool")
+
+
 class VisionTransformer(nn.Module):
     """A small ViT built from a plain config dict (so it checkpoints with :mod:`attention_core.training.checkpoint`).
 
@@ -149,8 +160,12 @@ class VisionTransformer(nn.Module):
 
     def __init__(self, config: Dict[str, Any]) -> None:
         super().__init__()
-        self.config = dict(config)
+        self.config = check_config(config, "config", VIT_KEYS, ("dropout", "seed"))
         c = self.config
+        for key in ("in_channels", "num_classes", "d_model", "num_layers", "num_heads", "dim_feedforward"):
+            check_positive_int(c[key], f"config['{key}']")
+        check_dropout(c.get("dropout", 0.0), "config['dropout']")
+        check_positive_int(c.get("seed", 0), "config['seed']", allow_zero=True)
         if c["pos"] not in ("learned", "sincos"):
             raise ValueError(f"pos must be 'learned' or 'sincos', got {c['pos']!r}")
         if c["pool"] not in ("cls", "mean"):
@@ -158,7 +173,7 @@ class VisionTransformer(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(c.get("seed", 0)))
             D = c["d_model"]
-            self.patch_embed = PatchEmbedding(tuple(c["image_size"]), c["patch_size"], c["in_channels"], D)
+            self.patch_embed = PatchEmbedding(c["image_size"], c["patch_size"], c["in_channels"], D)
             N = self.patch_embed.num_patches
             if c["pos"] == "learned":
                 self.pos_embed = nn.Parameter(torch.randn(N, D) * 0.02)

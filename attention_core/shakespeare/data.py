@@ -181,8 +181,20 @@ def repeat_random_tokens(inputs: torch.Tensor, targets: torch.Tensor, vocab_size
     return crops[:, :-1], crops[:, 1:]
 
 
+def _check_ids(ids: object, name: str, vocab_size: int) -> None:
+    check_positive_int(vocab_size, "vocab_size")
+    check_tensor(ids, name)
+    if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name} must be a 1-D tensor of int64 ids, got {ids.dtype} {tuple(ids.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"{name} must be ids in [0, {vocab_size}) (vocab_size = {vocab_size}), got values from "
+                         f"{int(ids.min())} to {int(ids.max())}")
+
+
 def unigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, alpha: float = 1.0) -> float:
     """Cross-entropy (nats per character) on ``val`` of the character frequencies of ``train`` (add-alpha)."""
+    _check_ids(train, "train", vocab_size)
+    _check_ids(val, "val", vocab_size)
     counts = torch.bincount(train, minlength=vocab_size).double() + alpha  # (V,)
     logp = counts.log() - counts.sum().log()
     return float(-logp[val].mean())
@@ -190,6 +202,8 @@ def unigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, alpha:
 
 def bigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, alpha: float = 1.0) -> float:
     """Cross-entropy on ``val`` of ``P(next | current)`` counted on ``train`` (add-alpha smoothing)."""
+    _check_ids(train, "train", vocab_size)
+    _check_ids(val, "val", vocab_size)
     pairs = train[:-1] * vocab_size + train[1:]
     counts = torch.bincount(pairs, minlength=vocab_size**2).double().view(vocab_size, vocab_size) + alpha
     logp = counts.log() - counts.sum(1, keepdim=True).log()  # (V, V): row = current, column = next

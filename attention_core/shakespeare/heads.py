@@ -21,7 +21,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
-from attention_core._checks import check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import check_int, check_positive_int, check_tensor, fmt_shape
+from attention_core.training.modes import eval_mode
 
 __all__ = [
     "ablate_heads",
@@ -63,6 +64,15 @@ def head_scores(weights: List[torch.Tensor], length: int) -> Tuple[torch.Tensor,
     Previous-token: mean weight from ``t`` to ``t - 1`` over ``t = 1 .. 2N - 1``. Induction: mean weight from
     ``t`` to ``t - N + 1`` over the second copy's ``t = N .. 2N - 1``.
     """
+    check_positive_int(length, "length")
+    if not isinstance(weights, (list, tuple)) or not weights:
+        raise ValueError(f"weights must be a non-empty list of per-layer (B, H, 2N, 2N) tensors, got "
+                         f"{type(weights).__name__}")
+    for w in weights:
+        check_tensor(w, "weights")
+        if w.dim() != 4 or w.shape[-2:] != (2 * length, 2 * length):
+            raise ValueError(f"weights must be (B, H, 2N, 2N) = (B, H, {2 * length}, {2 * length}) for length "
+                             f"N = {length}, got {fmt_shape(w.shape)}")
     N = length
     t = torch.arange(1, 2 * N)  # queries that have a previous token
     u = torch.arange(N, 2 * N)  # queries in the second copy
@@ -89,11 +99,14 @@ def ablate_heads(model, heads: Iterable[Tuple[int, int]]) -> Iterator[None]:  # 
     saved = []
     try:
         with torch.no_grad():
-            for layer, head in heads:
+            for pair in heads:
+                if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                    raise TypeError(f"heads must hold (layer, head) pairs of ints, got {pair!r:.40}")
+                layer, head = pair
+                check_int(layer, "layer", low=0, high=len(model.blocks), high_open=True)
                 attn = model.blocks[layer].attn
                 E = attn.head_dim
-                if not 0 <= head < attn.num_heads:
-                    raise ValueError(f"head must be in [0, {attn.num_heads}), got {head}")
+                check_int(head, "head", low=0, high=attn.num_heads, high_open=True)
                 cols = attn.out_proj.weight[:, head * E : (head + 1) * E]  # (D, E): this head's slice
                 saved.append((cols, cols.clone()))
                 cols.zero_()
@@ -108,10 +121,13 @@ def ablate_heads(model, heads: Iterable[Tuple[int, int]]) -> Iterator[None]:  # 
 def probe_copying(model, sequences: torch.Tensor, length: int) -> Dict[str, object]:  # noqa: ANN001
     """``{"previous": (layers, H), "induction": (layers, H), "copy_accuracy": float, "loss_first",
     "loss_second": float}`` of ``model`` on :func:`distinct_repeated` ``sequences``."""
-    was_training = model.training
-    model.eval()
-    out = model(sequences, need_weights=True)
-    model.train(was_training)
+    check_positive_int(length, "length")
+    check_tensor(sequences, "sequences")
+    if sequences.dim() != 2 or sequences.shape[1] != 2 * length:
+        raise ValueError(f"sequences must be (B, 2N) = (B, {2 * length}) for length N = {length} (two copies), "
+                         f"got {fmt_shape(sequences.shape)}")
+    with eval_mode(model):
+        out = model(sequences, need_weights=True)
     previous, induction = head_scores(out.weights, length)
     N = length
     logp = out.logits[:, :-1].log_softmax(-1).gather(-1, sequences[:, 1:, None])[..., 0]  # (B, 2N - 1)
@@ -122,4 +138,7 @@ def probe_copying(model, sequences: torch.Tensor, length: int) -> Dict[str, obje
 
 def first_token_weight(weights: List[torch.Tensor], start: int = 0) -> torch.Tensor:
     """(layers, H): the mean weight each head puts on key 0, over queries ``start ..`` (and the batch)."""
+    if not isinstance(weights, (list, tuple)) or not weights:
+        raise ValueError(f"weights must be a non-empty list of per-layer (B, H, L, S) tensors, got "
+                         f"{type(weights).__name__}")
     return torch.stack([w[:, :, start:, 0].mean((0, 2)) for w in weights])

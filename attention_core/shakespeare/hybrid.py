@@ -31,6 +31,7 @@ from attention_core.training.checkpoint import (
     record_in_manifest,
     save_checkpoint,
 )
+from attention_core.training.modes import eval_mode
 
 __all__ = ["HYBRID_RECIPES", "HybridRecipe", "evaluate_hybrid", "load_or_train_hybrid", "main", "train_hybrid"]
 
@@ -119,7 +120,8 @@ def evaluate_hybrid(model: HybridLM, ids: torch.Tensor, context: int = 128, max_
         raise ValueError(f"ids (length {len(ids)}) must be longer than context={context}")
     x = ids[: n * context].view(n, context)  # (N,) -> (n, context)
     y = ids[1: n * context + 1].view(n, context)
-    return F.cross_entropy(model.eval()(x).flatten(0, 1), y.flatten()).item()
+    with eval_mode(model):
+        return F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
 
 
 def load_or_train_hybrid(name: str, directory: PathLike = CHECKPOINT_DIR, retrain: bool = False

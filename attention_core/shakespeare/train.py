@@ -36,6 +36,7 @@ from attention_core.training.checkpoint import (
     record_in_manifest,
     save_checkpoint,
 )
+from attention_core.training.modes import eval_mode
 from attention_core.training.progress import progress
 from attention_core.training.schedules import cosine_lr
 
@@ -280,10 +281,10 @@ def evaluate_loss(model: DecoderLM, ids: torch.Tensor, context: int, max_blocks:
     if bos is not None:  # [bos, c_0 .. c_{context-2}] predicts c_0 .. c_{context-1}
         x, y = torch.cat([torch.full_like(x[:, :1], bos), x[:, :-1]], dim=1), x
     total = 0.0
-    model.eval()
-    for i in range(0, n, batch_size):
-        logits = model(x[i : i + batch_size]).logits
-        total += F.cross_entropy(logits.flatten(0, 1), y[i : i + batch_size].flatten(), reduction="sum").item()
+    with eval_mode(model):  # the caller's modes come back afterwards, also on error
+        for i in range(0, n, batch_size):
+            logits = model(x[i : i + batch_size]).logits
+            total += F.cross_entropy(logits.flatten(0, 1), y[i : i + batch_size].flatten(), reduction="sum").item()
     return total / (n * context)
 
 

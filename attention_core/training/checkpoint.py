@@ -24,6 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from attention_core._checks import check_device, short_repr
+
 __all__ = [
     "FORMAT",
     "MANIFEST",
@@ -65,6 +67,8 @@ def save_checkpoint(model: nn.Module, path: PathLike) -> str:
     The model must carry the config dict it was built from (``model.config``), which is what its builder
     reads back in :func:`load_checkpoint`.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not getattr(model, "config", None):
         raise ValueError("model.config is empty: build the model from a config dict to checkpoint it")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -112,6 +116,10 @@ def load_checkpoint(path: PathLike, sha256: str, build: Callable[[Dict[str, Any]
             its config builds (the message names the file and what is wrong).
     """
     path = Path(path)
+    _check_sha256(sha256, "sha256")
+    if not callable(build):
+        raise TypeError(f"build must be a callable config -> model, got {type(build).__name__}")
+    device = check_device(device)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     seen = file_sha256(path)
@@ -131,11 +139,41 @@ def load_checkpoint(path: PathLike, sha256: str, build: Callable[[Dict[str, Any]
         model = build(blob["config"])
     except (TypeError, ValueError) as err:  # the builder's own error, with the file it came from
         raise type(err)(f"checkpoint {path}: its config does not build a model: {err}") from err
+    except (KeyError, IndexError, AttributeError) as err:  # a builder that reads keys without checking them
+        raise ValueError(f"checkpoint {path}: its config does not build a model ({type(err).__name__}: {err}); "
+                         f"config = {short_repr(blob['config'], 200)}") from err
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"build must return a torch.nn.Module, got {type(model).__name__}")
+    _check_state_fits(path, model, blob["state_dict"])
     try:
         model.load_state_dict(blob["state_dict"])
     except RuntimeError as err:
         raise ValueError(f"checkpoint {path}: its weights do not fit the model its config builds: {err}") from err
     return model.to(device or "cpu").eval()
+
+
+def _check_sha256(sha256: object, name: str) -> str:
+    if not isinstance(sha256, str):
+        raise TypeError(f"{name} must be a str of 64 hex digits, got {type(sha256).__name__} {short_repr(sha256)}")
+    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256.lower()):
+        raise ValueError(f"{name} must be 64 hex digits (a sha256), got {short_repr(sha256)}")
+    return sha256
+
+
+def _check_state_fits(path: Path, model: nn.Module, state: Dict[str, Any]) -> None:
+    """Refuse a state dict whose tensors do not fit ``model`` exactly: a key missing or extra, a shape or a
+    dtype that differs (``load_state_dict`` would silently cast a float64 tensor into a float32 parameter)."""
+    own = model.state_dict()
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    bad = [k for k in own if k in state and not isinstance(state[k], torch.Tensor)]
+    if missing or extra or bad:
+        raise ValueError(f"checkpoint {path}: its weights do not fit the model its config builds: missing "
+                         f"{missing[:5]}, unexpected {extra[:5]}, not tensors {bad[:5]}")
+    for k, t in own.items():
+        if state[k].shape != t.shape or state[k].dtype != t.dtype:
+            raise ValueError(f"checkpoint {path}: its weights do not fit the model its config builds: {k!r} is "
+                             f"{state[k].dtype} {tuple(state[k].shape)}, the model expects {t.dtype} "
+                             f"{tuple(t.shape)}")
 
 
 def recipe_entry(recipe: Any, model: nn.Module, log: TrainLog, sha256: Optional[str], every: int = 25
@@ -160,18 +198,31 @@ def read_manifest(directory: PathLike) -> Dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"manifest {path} is not valid JSON ({err}); restore it from the repository or retrain "
                          "the recipes it listed") from err
-    bad = [name for name, entry in manifest.items() if not isinstance(entry, dict)
-           or not isinstance(entry.get("file"), str) or not isinstance(entry.get("recipe"), dict)
-           or not (entry.get("sha256") is None or isinstance(entry.get("sha256"), str))] \
-        if isinstance(manifest, dict) else ["<the whole file: not a JSON object>"]
-    if bad:
-        raise ValueError(f"manifest {path}: entries {bad[:5]} lack a 'file' (str), 'sha256' (str) or 'recipe' "
-                         "(object)")
+    if not isinstance(manifest, dict):
+        raise ValueError(f"manifest {path} must be a JSON object of entries, got a JSON {type(manifest).__name__}")
+    for name, entry in manifest.items():
+        problems = _entry_problems(entry)
+        if problems:
+            raise ValueError(f"manifest {path}: entry {name!r} {'; '.join(problems)} (expected 'file' a str, "
+                             "'sha256' a str or null, 'recipe' an object)")
     return manifest
+
+
+def _entry_problems(entry: object) -> List[str]:
+    if not isinstance(entry, dict):
+        return [f"is a JSON {type(entry).__name__}, not an object"]
+    problems = [f"lacks {key!r}" for key in ("file", "recipe") if key not in entry]
+    if "file" in entry and not isinstance(entry["file"], str):
+        problems.append(f"has 'file' = {short_repr(entry['file'])}")
+    if "recipe" in entry and not isinstance(entry["recipe"], dict):
+        problems.append(f"has 'recipe' = {short_repr(entry['recipe'])}")
+    if not (entry.get("sha256") is None or isinstance(entry["sha256"], str)):
+        problems.append(f"has 'sha256' = {short_repr(entry['sha256'])}")
+    return problems
 
 
 def record_in_manifest(directory: PathLike, name: str, entry: Dict[str, Any]) -> None:
@@ -216,6 +267,14 @@ def load_or_train_recipe(recipe: Any, directory: PathLike, build: Callable[[Dict
             raise ValueError(f"checkpoint {entry['file']!r} was trained with a recipe that differs from the one "
                              f"asked for (the manifest records another recipe for {recipe.name!r}); retrain it "
                              f"with `{how_to_retrain}`")
-        return load_checkpoint(Path(directory) / entry["file"], entry["sha256"], build, device), entry
+        if entry.get("sha256") is None:
+            raise ValueError(f"the manifest records no sha256 for {recipe.name!r} but the file {entry['file']!r} "
+                             f"exists: it cannot be verified; retrain it with `{how_to_retrain}`")
+        model = load_checkpoint(Path(directory) / entry["file"], entry["sha256"], build, device)
+        count = sum(p.numel() for p in model.parameters())
+        if isinstance(entry.get("parameters"), int) and entry["parameters"] != count:
+            raise ValueError(f"checkpoint {entry['file']!r} builds a model of {count} parameters but the manifest "
+                             f"records {entry['parameters']} for {recipe.name!r}; retrain it with `{how_to_retrain}`")
+        return model, entry
     model, log = train()
     return model, recipe_entry(recipe, model, log, sha256=None)

@@ -14,6 +14,7 @@ from typing import Tuple
 
 import torch
 
+from attention_core._checks import check_bool_flag, check_floating, check_tensor
 from attention_core.explain.attribution import attention_rollout
 
 __all__ = ["attention_rollout", "mean_attention_distance", "patch_distances", "position_similarity",
@@ -43,6 +44,9 @@ def mean_attention_distance(weights: torch.Tensor, grid: Tuple[int, int], patch_
     Returns:
         (H,) float64, for each head the weighted distance sum_k w_qk * d(q, k), averaged over queries and images.
     """
+    check_tensor(weights, "weights")
+    check_floating(weights, "weights")
+    check_bool_flag(has_cls_token, "has_cls_token")
     if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
         raise ValueError(f"weights must be (B, H, T, T), got {tuple(weights.shape)}")
     w = weights.to(torch.float64)

@@ -14,6 +14,8 @@ from typing import Tuple
 
 import torch
 
+from attention_core._checks import check_positive_int, check_tensor
+
 __all__ = ["CaptionSet", "Digits", "START", "WORDS", "caption_text", "load_digits", "make_caption_set", "subset"]
 
 #: The caption vocabulary, the ten digit names and then the start token (index 10).
@@ -69,6 +71,10 @@ class CaptionSet:
 
 def make_caption_set(x: torch.Tensor, y: torch.Tensor, n: int, cells: int = 3, seed: int = 0) -> CaptionSet:
     """``n`` images of ``cells`` digits drawn (seeded, with replacement) from ``x, y``, side by side."""
+    check_positive_int(n, "n", allow_zero=True)
+    check_positive_int(cells, "cells")
+    if len(y) == 0 or len(x) != len(y):
+        raise ValueError(f"x and y must hold one image per label, at least one: got {len(x)} and {len(y)}")
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(len(y), (n, cells), generator=g)  # (n, cells)
     images = torch.cat([x[idx[:, j]] for j in range(cells)], dim=-1)  # cells x (n, 1, 8, 8) -> (n, 1, 8, 8*cells)
@@ -77,4 +83,10 @@ def make_caption_set(x: torch.Tensor, y: torch.Tensor, n: int, cells: int = 3, s
 
 def caption_text(words: torch.Tensor) -> str:
     """The words of one caption, e.g. ``"three one four"``."""
+    check_tensor(words, "words")
+    if words.dim() != 1 or words.is_floating_point() or words.dtype == torch.bool:
+        raise ValueError(f"words must be a 1-D tensor of word ids, got {words.dtype} {tuple(words.shape)}")
+    bad = [int(w) for w in words if not 0 <= int(w) < len(WORDS)]
+    if bad:
+        raise ValueError(f"words must be ids in [0, {len(WORDS)}), got {bad[:5]}")
     return " ".join(WORDS[int(w)] for w in words)

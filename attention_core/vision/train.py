@@ -35,6 +35,7 @@ from attention_core.training.checkpoint import (
     record_in_manifest,
     save_checkpoint,
 )
+from attention_core.training.modes import eval_mode
 from attention_core.vision.data import WORDS, Digits, load_digits, make_caption_set, subset
 
 __all__ = [
@@ -147,8 +148,20 @@ def _optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.
 
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, batch_size: int, lr: float,
                      warmup: int, weight_decay: float, data_seed: int) -> TrainLog:
-    """Train ``model`` (a ViT or a CNN) on ``x, y`` with AdamW and a cosine schedule; returns the log."""
-    model.train()
+    """Train ``model`` (a ViT or a CNN) on ``x, y`` with AdamW and a cosine schedule; returns the log.
+
+    The model trains in train mode; every submodule's mode is given back afterwards (also on error)."""
+    saved = [(m, m.training) for m in model.modules()]
+    try:
+        model.train()
+        return _train_loop(model, x, y, steps, batch_size, lr, warmup, weight_decay, data_seed)
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+def _train_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, batch_size: int, lr: float,
+                warmup: int, weight_decay: float, data_seed: int) -> TrainLog:
     opt = _optimizer(model, lr, weight_decay)
     g = torch.Generator().manual_seed(data_seed)
     log, start = TrainLog(), time.perf_counter()
@@ -162,15 +175,14 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: 
         opt.step()
         log.losses.append(loss.item())
     log.seconds = time.perf_counter() - start
-    model.eval()
     return log
 
 
 @torch.no_grad()
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Share of ``x`` classified as ``y``."""
-    model.eval()
-    return (_logits(model(x)).argmax(-1) == y).double().mean().item()
+    """Share of ``x`` classified as ``y`` (in eval mode; the model's modes are given back afterwards)."""
+    with eval_mode(model):
+        return (_logits(model(x)).argmax(-1) == y).double().mean().item()
 
 
 def _train_vit(recipe: ViTRecipe, digits: Digits) -> Tuple[VisionTransformer, TrainLog]:
@@ -178,6 +190,7 @@ def _train_vit(recipe: ViTRecipe, digits: Digits) -> Tuple[VisionTransformer, Tr
     model = build_vit(recipe.config())
     log = train_classifier(model, x, y, recipe.steps, recipe.batch_size, recipe.lr, recipe.warmup,
                            recipe.weight_decay, recipe.data_seed)
+    model.eval()  # its own model, returned ready to evaluate
     return model, log
 
 
