@@ -75,7 +75,8 @@ test-notebooks: $(STAMP)
 # every run; `make test` runs the same file derandomized at 300). Prints, per test, how many examples ran and
 # what they did (answered, raised, compared with the float64 oracle).
 fuzz: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) tests/test_fuzz.py tests/test_fuzz_caches.py tests/test_fuzz_modules.py --fuzz-profile=slow \
+	$(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) tests/test_fuzz.py tests/test_fuzz_caches.py tests/test_fuzz_modules.py tests/test_fuzz_checkpoints.py \
+		tests/test_fuzz_interventions.py --fuzz-profile=slow \
 		--hypothesis-show-statistics
 
 # A clean strict build, then every page in Chromium (tests/browser); screenshots land in _build/screenshots/.
