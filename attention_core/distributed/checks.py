@@ -87,3 +87,31 @@ def call(rank: int, world_size: int, name: str, kwargs: Dict):
     except (TypeError, ValueError, RuntimeError) as e:
         return type(e).__name__, str(e)
     return None
+
+
+def peak_memory(rank: int, world_size: int, case: Dict) -> Dict:
+    """Peak bytes of the tensors one rank allocates in a forward and backward pass (its inputs apart), and
+    the bytes of its inputs; ``world_size`` 1 with ``kind="single"`` runs the chunked kernel on the whole
+    sequence in one process."""
+    from attention_core.distributed.measure import PeakTensorMemory
+
+    q, k, v, do = make_inputs(case)
+    layout = case.get("layout", "zigzag")
+    block = case.get("block", 256)
+    if case.get("kind") == "single":
+        from attention_core.backends.chunked import chunked_attention
+
+        tensors = [t.clone().requires_grad_() for t in (q, k, v)] + [do]
+        call = lambda: chunked_attention(*tensors[:3], is_causal=case.get("is_causal", False),  # noqa: E731
+                                         block_q=block, block_k=block)
+    else:
+        tensors = [shard(t, 2, layout).requires_grad_() for t in (q, k, v)] + [shard(do, 2, layout)]
+        fn = ring_attention if case.get("kind", "ring") == "ring" else ulysses_attention
+        extra = {"block_q": block, "block_k": block} if fn is ring_attention else {}
+        call = lambda: fn(*tensors[:3], is_causal=case.get("is_causal", False), layout=layout, **extra)  # noqa: E731
+    del q, k, v, do
+    with PeakTensorMemory() as mem:
+        out = call()
+        out.backward(tensors[3])
+        del out
+    return {"peak": mem.peak, "inputs": sum(t.numel() * t.element_size() for t in tensors)}
