@@ -56,4 +56,5 @@ def zigzag_block_mask(L, P, q_rank, k_rank):
         return torch.cat([chunks[r], chunks[2 * P - 1 - r]])
     return pos(q_rank)[:, None] >= pos(k_rank)[None, :]
 """
-STATEMENT_OUTPUT = "[[False, False, False, False], [False, False, False, False], [True, True, True, True], [True, True, True, True]]"
+STATEMENT_OUTPUT = ("[[False, False, False, False], [False, False, False, False], [True, True, True, True], "
+                    "[True, True, True, True]]")

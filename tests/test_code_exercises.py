@@ -22,6 +22,7 @@ import torch
 
 pytest.importorskip("hypothesis")
 
+import _exercises_ch16 as _ch16  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import attention_core as ac  # noqa: E402
@@ -37,8 +38,6 @@ from attention_core.models import vit  # noqa: E402
 from attention_core.models.rnn_attention import AdditiveAttention, local_attention_weights  # noqa: E402
 from attention_core.positional import apply_rotary  # noqa: E402
 from attention_core.serving import speculative  # noqa: E402
-
-import _exercises_ch16 as _ch16  # noqa: E402
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
 NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch03": "03_bahdanau",

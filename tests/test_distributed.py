@@ -8,19 +8,28 @@ processes.
 from __future__ import annotations
 
 import itertools
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-import attention_core as ac
 from attention_core.backends.chunked import merge_partials
-from attention_core.distributed import (LAYOUTS, block_plan, local_lengths, positions, ring_attention, ring_bytes,
-                                        ring_tiles, segments, shard, ulysses_attention, ulysses_bytes, unshard)
-from attention_core.distributed import checks, launch
+from attention_core.distributed import (
+    LAYOUTS,
+    block_plan,
+    checks,
+    launch,
+    local_lengths,
+    positions,
+    ring_attention,
+    ring_bytes,
+    ring_tiles,
+    segments,
+    shard,
+    ulysses_attention,
+    ulysses_bytes,
+)
 from attention_core.distributed.measure import PeakTensorMemory, balance, tile_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,9 +82,7 @@ def test_zigzag_and_striped_balance_the_causal_work_and_contiguous_does_not() ->
         assert balance(table["zigzag"][P]) < 1.01 and balance(table["striped"][P]) < 1.03
         if 8192 % (2 * P * 64) == 0:
             assert sum(table["zigzag"][P]) == whole  # no tile computed twice
-    assert table["contiguous"][2] == [whole // 4 + 64 * 0 + (64 * 65) // 2 - 64 * 0 - 0 * 0 - 2080 + 2080,
-                                      6176] or balance(table["contiguous"][2]) == pytest.approx(
-        max(table["contiguous"][2]) * 2 / whole)
+    assert table["contiguous"][2] == [64 * 65 // 2, 64 * 64 + 64 * 65 // 2]  # its own triangle; plus a whole block
 
 
 def test_merge_partials_is_attention_over_both_blocks_even_at_huge_scores() -> None:
@@ -124,7 +131,6 @@ def test_peak_tensor_memory_counts_new_tensors_until_they_die() -> None:
         d = torch.ones(500)  # 2000 bytes, while the storage of b is still held by c
         del c
         e = torch.ones(2000)  # 8000 bytes, after b's storage died
-    assert m.peak == 8000 + 8000 - 0 or m.peak == 10000 + 0
     assert m.peak == max(8000 + 2000, 2000 + 8000) and m.current == 2000 + 8000
     del d, e
 
@@ -273,7 +279,6 @@ def test_torchrun_runs_the_demo() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line.split() for line in out.stdout.splitlines() if line.startswith(("ring ", "ulysses "))]
     assert len(lines) == 4
-    for kind, rank, sent, tiles, seconds, err in lines:
-        assert float(err) < 1e-10
+    assert all(float(line[-1]) < 1e-10 for line in lines)
     ring = [int(x[2]) for x in lines if x[0] == "ring"]
     assert ring == ring_bytes([48, 48], 1, 4, 8, 8, 8, backward=True)

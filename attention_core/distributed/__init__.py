@@ -11,8 +11,7 @@ gloo on CPUs, NCCL on GPUs: the code takes the device from the tensors.
 """
 
 from attention_core.distributed.layout import LAYOUTS, local_lengths, positions, segments, shard, unshard
-from attention_core.distributed.ring import (CommStats, block_plan, kernel_tiles, ring_attention, ring_bytes,
-                                             ring_tiles)
+from attention_core.distributed.ring import CommStats, block_plan, kernel_tiles, ring_attention, ring_bytes, ring_tiles
 from attention_core.distributed.ulysses import ulysses_attention, ulysses_bytes
 
 __all__ = ["LAYOUTS", "CommStats", "block_plan", "kernel_tiles", "local_lengths", "positions", "ring_attention",

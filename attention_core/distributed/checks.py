@@ -160,3 +160,22 @@ def _error_case(rank: int, world_size: int, what: str, group=None):
     except (TypeError, ValueError, RuntimeError) as err:
         return type(err).__name__, str(err)
     return None
+
+
+def peak_memory(rank: int, world_size: int, case: Dict) -> Dict:
+    """Peak bytes of the tensors one rank allocates in a forward and backward pass (its inputs apart), and the
+    bytes of its inputs."""
+    from attention_core.distributed.measure import PeakTensorMemory
+
+    q, k, v, do = make_inputs(case)
+    layout = case.get("layout", "zigzag")
+    block = case.get("block", 256)
+    tensors = [shard(t, 2, layout).requires_grad_() for t in (q, k, v)] + [shard(do, 2, layout)]
+    fn = ring_attention if case.get("kind", "ring") == "ring" else ulysses_attention
+    extra = {"block_q": block, "block_k": block} if fn is ring_attention else {}
+    del q, k, v, do
+    with PeakTensorMemory() as mem:
+        out = fn(*tensors[:3], is_causal=case.get("is_causal", False), layout=layout, **extra)
+        out.backward(tensors[3])
+        del out
+    return {"peak": mem.peak, "inputs": sum(t.numel() * t.element_size() for t in tensors)}

@@ -29,10 +29,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from attention_core.backends.chunked import (BLOCK_K, BLOCK_Q, backward_with_lse, forward_with_lse,
-                                             merge_partials)
-from attention_core.distributed.layout import (Segment, check_layout, gather_shapes, group_info,
-                                               local_lengths, segments)
+from attention_core.backends.chunked import BLOCK_K, BLOCK_Q, backward_with_lse, forward_with_lse, merge_partials
+from attention_core.distributed.layout import Segment, check_layout, gather_shapes, group_info, local_lengths, segments
 
 __all__ = ["CommStats", "block_plan", "kernel_tiles", "ring_attention", "ring_bytes", "ring_tiles"]
 
