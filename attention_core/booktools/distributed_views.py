@@ -46,7 +46,7 @@ def plot_timeline(timelines: List[Dict], title: str = "ring attention, forward t
     """One row per rank: compute (blue), blocked waiting for the network (orange), messages in flight (grey)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 0.6 + 0.55 * len(timelines)))
+    fig, ax = plt.subplots(figsize=(9, 0.9 + 0.55 * len(timelines)), layout="constrained")
     colors = {"comm": ("#BBBBBB", 0.25, 0.5), "compute": ("#0072B2", 0.0, 0.45), "wait": ("#D55E00", -0.25, 0.2)}
     for r, t in enumerate(timelines):
         for kind, (color, dy, h) in colors.items():
@@ -57,5 +57,4 @@ def plot_timeline(timelines: List[Dict], title: str = "ring attention, forward t
     ax.set_xlabel("seconds since the call")
     ax.set_title(title)
     ax.legend(loc="upper right", ncol=3, fontsize=8)
-    fig.tight_layout()
     return fig
