@@ -22,6 +22,7 @@ import torch
 
 pytest.importorskip("hypothesis")
 
+import _exercises_ch16 as _ch16  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import attention_core as ac  # noqa: E402
@@ -46,7 +47,7 @@ NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch0
             "ch12": "12_beyond_dense_attention",
             "ch13": "13_attention_as_explanation",
             "ch14": "14_vision_transformer",
-            "ch15": "15_serving"}
+            "ch15": "15_serving", "ch16": "16_attention_across_devices"}
 NEG_INF = float("-inf")
 LIBRARY = "is not available while your"  # what a blocked library function says
 
@@ -341,6 +342,7 @@ EXTRA = {
     "ch13.rollout": (CH13, CH13_LIBRARY),
     "ch14.patchify": (CH14, [lambda x, p: vit.patchify(x, p), lambda x, p: _LIBRARY_IN_A_DICT["pf"](x, p)]),
     "ch15.residual": (CH15, CH15_LIBRARY),
+    "ch16.zigzag_block_mask": (_ch16.EXTRA_MISTAKES, _ch16.LIBRARY),
 }
 MUTANTS: dict = {}
 for _key in ce.EXERCISES:
@@ -802,3 +804,9 @@ def test_chapter_9_partial_softmax_is_the_one_the_checker_uses():
     s, v = torch.tensor([0.5, -2.0, 3.0], dtype=torch.float64), torch.arange(6, dtype=torch.float64).view(3, 2)
     for a, b in zip(namespace["partial_softmax"](s, v), ce.partial_softmax(s, v)):
         assert torch.equal(a, b)
+
+
+# chapter 16 (its entries live in tests/_exercises_ch16.py)
+ALTERNATIVES["ch16.zigzag_block_mask"] = _ch16.ALTERNATIVES
+WORKED_COPIES["ch16.zigzag_block_mask"] = _ch16.WORKED_COPY
+STATEMENT_OUTPUT["ch16.zigzag_block_mask"] = _ch16.STATEMENT_OUTPUT

@@ -86,6 +86,8 @@ MISTAKES: dict[tuple[str, str], list[float]] = {
     ("14", "tokens of a 224 x 224 image"): [196, 14, 256, (224 // 14) ** 2 + 1],
     # every draft kept; gamma * alpha; one power short; only the last draft counted
     ("15", "tokens per step"): [5.0, 4 * 0.8, (1 - 0.8**4) / (1 - 0.8), 1 + 4 * 0.8**4],
+    # P steps instead of P - 1; keys only; the whole sequence's block; float32; forward and backward
+    ("16", "MiB per device"): [128.0, 56.0, 896.0, 224.0, 112.0 * 2 + 128.0],
 }
 
 

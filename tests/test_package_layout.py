@@ -24,7 +24,7 @@ HELPERS = "attention_core.booktools"
 MODELS = "attention_core.models"
 TRAINING = "attention_core.training"
 #: subpackages that belong to the primitives
-PRIMITIVE_PACKAGES = {"attention_core.backends"}
+PRIMITIVE_PACKAGES = {"attention_core.backends", "attention_core.distributed"}
 #: every subpackage that is a task wing (anything that is not primitives, models, training or the book's tools)
 TASKS = sorted(
     f"attention_core.{p.name}" for p in PACKAGE.iterdir()
@@ -84,6 +84,7 @@ def test_the_rooms_are_what_the_layout_says() -> None:
     assert _room("attention_core.models.language_model") == "models"
     assert _room("attention_core.functional") == _room("attention_core.backends.chunked") == "primitives"
     assert _room("attention_core.training.checkpoint") == "training"
+    assert _room("attention_core.distributed.ring") == "primitives"
     assert len(GRAPH) > 40
 
 

@@ -54,7 +54,8 @@ from torch.autograd.function import once_differentiable
 from attention_core._checks import check_int
 from attention_core.backends.inputs import AttentionInputs, BackendResult, no_weights, scale_or_default
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "chunked_attention", "run", "supports"]
+__all__ = ["BLOCK_K", "BLOCK_Q", "backward_with_lse", "chunked_attention", "forward_with_lse", "merge_partials",
+           "run", "supports"]
 
 #: Default tile sizes, the ones PyTorch's CPU kernel uses for long sequences. A (256, 512) float32 tile of
 #: scores is 512 KiB, half of a 1 MiB L2 cache, which leaves room for the tile's inputs: 256 queries (64 KiB
@@ -428,6 +429,49 @@ def _forward_vmap(info, in_dims, query, key, value, attn_mask, is_causal, scale,
 
 
 torch.library.register_vmap("attention_core::chunked_forward", _forward_vmap)
+
+
+# ------------------------------------------------------------------------------- partial results, merged
+# The same tile loops, called on one block of keys at a time by a caller that merges the blocks itself (ring
+# attention passes key/value blocks between processes: attention_core.distributed).
+
+
+def forward_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool, scale: float,
+                     block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block's partial result: ``out`` (B*H, G, L, Ev) and ``lse`` (B*H, G, L, 1), compute dtype, natural
+    units, in the kernel's layout (the G query heads that share a key/value head beside each other); a row that
+    sees no key of this block has ``out`` 0 and ``lse`` = -inf (it adds nothing when merged)."""
+    _, out, lse = _launch_forward(query, key, value, None, is_causal, scale, block_q, block_k)
+    return out, lse.masked_fill_(lse == float("inf"), _NEG_INF)
+
+
+def backward_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, grad_out: torch.Tensor,
+                      out: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
+                      block_q: int = BLOCK_Q, block_k: int = BLOCK_K
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block's share of the gradients, from the *whole* row's ``out`` and ``lse`` (kernel layout, as
+    :func:`forward_with_lse` gives them, after merging): dq (B*H, G, L, E), dk (B*H, S, E), dv (B*H, S, Ev), in
+    the compute dtype. Summed over the blocks of keys, they are the gradients of attention over all keys."""
+    t = _Tiles(query, key, value, None, is_causal, scale, block_q, block_k)
+    lse = lse.masked_fill(lse == _NEG_INF, float("inf"))  # a row with no key at all: exp(s - lse) = 0
+    return _backward_tiles(t, grad_out.to(t.dtype), out, lse)
+
+
+def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the keys of two blocks from each block's normalised output and log-sum-exp (any layout
+    whose last dim is the value's, ``lse`` with a 1 there): the online softmax's rescaling, done once::
+
+        lse = log(exp(lse_a) + exp(lse_b))      out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
+
+    computed from the larger of the two, so nothing overflows; a row with ``lse = -inf`` in both stays 0."""
+    m = torch.maximum(lse_a, lse_b)
+    m = m.masked_fill(m == _NEG_INF, 0.0)  # both empty: weights exp(-inf) = 0 below, no -inf - -inf
+    w_a, w_b = (lse_a - m).exp(), (lse_b - m).exp()
+    total = w_a + w_b
+    lse = m + total.log()
+    total = total.masked_fill(total == 0, 1.0)
+    return (w_a * out_a + w_b * out_b) / total, lse
 
 
 # ---------------------------------------------------------------------------------------------- public

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict
 
 import torch
 
+from attention_core.booktools import exercises_distributed
 from attention_core.booktools.code_checks import FunctionSpec, Mistake
 
 __all__ = ["EXERCISES", "partial_softmax", "spec"]
@@ -938,6 +939,7 @@ _BUILDERS: Dict[str, Callable[[], FunctionSpec]] = {
     "ch13.rollout": _ch13,
     "ch14.patchify": _ch14,
     "ch15.residual": _ch15,
+    "ch16.zigzag_block_mask": lambda: exercises_distributed.build(),  # its spec lives in exercises_distributed
 }
 #: The chapters' code exercises, by name (``"chNN.function"``).
 EXERCISES = tuple(_BUILDERS)

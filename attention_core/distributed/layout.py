@@ -1,0 +1,160 @@
+"""Which positions of a sequence each rank holds: the three layouts, ``shard`` and ``unshard``.
+
+A sequence of ``L`` positions is split among ``P`` ranks. Every layout gives rank ``r`` a sorted set of global
+positions; everything else (the causal mask between two ranks' blocks, the work and the bytes) is derived from
+those positions.
+
+- ``contiguous``: rank r holds the r-th of ``torch.tensor_split(arange(L), P)``.
+- ``zigzag``: the sequence is cut into 2P chunks (``tensor_split(arange(L), 2P)``); rank r holds chunks r and
+  2P-1-r, one early and one late, so that every rank has the same share of a causal mask's work.
+- ``striped``: rank r holds positions r, r+P, r+2P, ... (Brandon et al. 2023).
+
+When ``P`` does not divide ``L``, parts differ by at most one row, as with ``torch.tensor_split``, and no
+padding is ever visible to the caller.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["LAYOUTS", "check_layout", "local_lengths", "positions", "segments", "shard", "unshard"]
+
+LAYOUTS = ("contiguous", "zigzag", "striped")
+
+#: one run of a rank's positions: (first local index, first global position, length, stride)
+Segment = Tuple[int, int, int, int]
+
+
+def check_layout(layout: object) -> str:
+    """``layout`` if it names a layout, else a ValueError that lists them."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(map(repr, LAYOUTS))}; got {layout!r}")
+    return layout  # type: ignore[return-value]
+
+
+def _bounds(L: int, parts: int) -> List[int]:
+    """Boundaries of ``torch.tensor_split`` of L rows into ``parts``: the first L % parts parts hold one more."""
+    base, extra = divmod(L, parts)
+    edges = [0]
+    for i in range(parts):
+        edges.append(edges[-1] + base + (1 if i < extra else 0))
+    return edges
+
+
+def segments(L: int, world_size: int, rank: int, layout: str) -> List[Segment]:
+    """Rank ``rank``'s positions as runs ``(local start, global start, length, stride)``, in local order."""
+    check_layout(layout)
+    P, r = world_size, rank
+    if layout == "contiguous":
+        e = _bounds(L, P)
+        return [(0, e[r], e[r + 1] - e[r], 1)]
+    if layout == "zigzag":
+        e = _bounds(L, 2 * P)
+        first = (0, e[r], e[r + 1] - e[r], 1)
+        j = 2 * P - 1 - r
+        return [first, (first[2], e[j], e[j + 1] - e[j], 1)]
+    n = len(range(r, L, P))  # striped
+    return [(0, r, n, P)]
+
+
+def positions(L: int, world_size: int, rank: int, layout: str) -> torch.Tensor:
+    """The global positions rank ``rank`` holds, in its local order: a 1-D int64 tensor."""
+    parts = [torch.arange(g, g + n * s, s) if n else torch.zeros(0, dtype=torch.long)
+             for _, g, n, s in segments(L, world_size, rank, layout)]
+    return torch.cat(parts)
+
+
+def local_lengths(L: int, world_size: int, layout: str) -> List[int]:
+    """Rows each rank holds, rank by rank."""
+    return [sum(n for _, _, n, _ in segments(L, world_size, r, layout)) for r in range(world_size)]
+
+
+def group_info(group: Optional[dist.ProcessGroup] = None) -> Tuple[int, int]:
+    """(rank, world size) in ``group``; a clear error when no process group is initialised."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "attention_core.distributed needs an initialised torch.distributed process group "
+            "(dist.init_process_group, or run under torchrun / attention_core.distributed.launch.run); none is"
+        )
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _check_dim(x: torch.Tensor, dim: int, name: str) -> int:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not -x.dim() <= dim < max(x.dim(), 1):
+        raise ValueError(f"dim must index a dim of {name} (shape {tuple(x.shape)}); got dim={dim}")
+    return dim % x.dim()
+
+
+def shard(x: torch.Tensor, dim: int, layout: str = "zigzag", group: Optional[dist.ProcessGroup] = None
+          ) -> torch.Tensor:
+    """This rank's part of ``x`` along ``dim`` (the whole sequence, the same on every rank), in ``layout``.
+
+    Parts differ by at most one row when the world size does not divide ``x.shape[dim]``.
+    """
+    check_layout(layout)
+    dim = _check_dim(x, dim, "x")
+    rank, P = group_info(group)
+    return x.index_select(dim, positions(x.shape[dim], P, rank, layout).to(x.device))
+
+
+def unshard(x_local: torch.Tensor, dim: int, layout: str = "zigzag", group: Optional[dist.ProcessGroup] = None
+            ) -> torch.Tensor:
+    """The whole tensor, exactly the original length, on every rank: the inverse of :func:`shard`.
+
+    Every rank's shape must agree except along ``dim`` (checked first, with a small all-gather of shapes).
+    """
+    check_layout(layout)
+    dim = _check_dim(x_local, dim, "x_local")
+    rank, P = group_info(group)
+    shapes = gather_shapes([x_local], group)  # (P, 1, ndim)
+    rest = [s[0][:dim] + s[0][dim + 1:] for s in shapes]
+    if any(r != rest[0] for r in rest):
+        raise ValueError(f"unshard: every rank's x_local must have the same shape outside dim {dim}; got "
+                         f"{[tuple(s[0]) for s in shapes]} on ranks 0..{P - 1}")
+    lengths = [s[0][dim] for s in shapes]
+    L = sum(lengths)
+    if lengths != local_lengths(L, P, layout):
+        raise ValueError(f"unshard: the ranks' lengths {lengths} along dim {dim} are not a {layout!r} split of "
+                         f"{L} rows (expected {local_lengths(L, P, layout)})")
+    longest = max(lengths)
+    pad = list(x_local.shape)
+    pad[dim] = longest
+    buf = x_local.new_zeros(pad)
+    buf.narrow(dim, 0, lengths[rank]).copy_(x_local)
+    pieces = [torch.empty_like(buf) for _ in range(P)]
+    dist.all_gather(pieces, buf, group=group)
+    shape = list(x_local.shape)
+    shape[dim] = L
+    out = x_local.new_empty(shape)
+    for r, piece in enumerate(pieces):
+        out.index_copy_(dim, positions(L, P, r, layout).to(x_local.device), piece.narrow(dim, 0, lengths[r]))
+    return out
+
+
+def gather_shapes(tensors: List[torch.Tensor], group: Optional[dist.ProcessGroup] = None) -> List[list]:
+    """Every rank's shapes of ``tensors`` (same count and ranks of dims on each), via one small all-gather."""
+    flat = [d for t in tensors for d in (t.dim(), *t.shape)]
+    dev = tensors[0].device  # NCCL gathers GPU tensors, gloo CPU ones: the shapes travel where the data lives
+    mine = torch.tensor(flat, dtype=torch.long, device=dev)
+    _, P = group_info(group)
+    sizes = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(P)]
+    dist.all_gather(sizes, torch.tensor([mine.numel()], device=dev), group=group)
+    longest = int(max(s.item() for s in sizes))
+    buf = torch.full((longest,), -1, dtype=torch.long, device=dev)
+    buf[: mine.numel()] = mine
+    everyone = [torch.empty_like(buf) for _ in range(P)]
+    dist.all_gather(everyone, buf, group=group)
+    result = []
+    for e in everyone:
+        vals, shapes, i = e.tolist(), [], 0
+        while i < len(vals) and vals[i] >= 0:
+            n = vals[i]
+            shapes.append(vals[i + 1: i + 1 + n])
+            i += 1 + n
+        result.append(shapes)
+    return result

@@ -1,0 +1,284 @@
+"""attention_core.distributed: ring and Ulysses attention against single-process attention.
+
+Every world size 1..4 is one spawn of local gloo processes that runs many cases (processes take seconds to
+start); the layouts, the causal masks between shards and the byte and tile formulas are also checked without
+processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention_core.backends.chunked import merge_partials
+from attention_core.distributed import (
+    LAYOUTS,
+    block_plan,
+    checks,
+    launch,
+    local_lengths,
+    positions,
+    ring_attention,
+    ring_bytes,
+    ring_tiles,
+    segments,
+    shard,
+    ulysses_attention,
+    ulysses_bytes,
+)
+from attention_core.distributed.measure import PeakTensorMemory, balance, tile_table
+
+ROOT = Path(__file__).resolve().parent.parent
+TOL = {"float64": 1e-10, "float32": 2e-5}
+
+
+# ------------------------------------------------------------------------------------------ no processes
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("P", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("L", [0, 1, 5, 16, 17, 23])
+def test_layouts_partition_the_sequence_like_tensor_split(layout, P, L) -> None:
+    parts = [positions(L, P, r, layout) for r in range(P)]
+    assert sorted(torch.cat(parts).tolist()) == list(range(L))  # every position once
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1 and sizes == local_lengths(L, P, layout)
+    assert all(bool((p[1:] > p[:-1]).all()) for p in parts)  # sorted: local order is global order
+    if layout == "contiguous":
+        assert [p.tolist() for p in parts] == [t.tolist() for t in torch.tensor_split(torch.arange(L), P)]
+    if layout == "striped":
+        assert [p.tolist() for p in parts] == [list(range(r, L, P)) for r in range(P)]
+    if layout == "zigzag" and L >= 2 * P:
+        chunks = torch.tensor_split(torch.arange(L), 2 * P)
+        assert [p.tolist() for p in parts] == [torch.cat([chunks[r], chunks[2 * P - 1 - r]]).tolist()
+                                               for r in range(P)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("P", [2, 3, 4, 7])
+@pytest.mark.parametrize("L", [7, 16, 29])
+def test_block_plans_cover_exactly_the_causal_mask_from_global_positions(layout, P, L) -> None:
+    """The kernel calls of a query shard against a key shard visit exactly the pairs q >= k, none twice."""
+    for r, src in itertools.product(range(P), range(P)):
+        qp, kp = positions(L, P, r, layout), positions(L, P, src, layout)
+        want = qp[:, None] >= kp[None, :]
+        got = torch.zeros_like(want, dtype=torch.long)
+        for q0, q1, k0, k1, causal in block_plan(segments(L, P, r, layout), segments(L, P, src, layout), True):
+            rows, cols = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
+            got[q0:q1, k0:k1] += (cols - k0 <= rows - q0) if causal else torch.ones(q1 - q0, k1 - k0,
+                                                                                       dtype=torch.bool)
+        assert torch.equal(got, want.long()), (layout, P, L, r, src)
+
+
+def test_zigzag_and_striped_balance_the_causal_work_and_contiguous_does_not() -> None:
+    table = tile_table(8192, range(2, 9), block=64)
+    whole = sum(min(r + 1, 128) for r in range(128))  # one process: query tile r visits key tiles 0..r
+    for P in range(2, 9):
+        assert balance(table["contiguous"][P]) > 1.4
+        assert balance(table["zigzag"][P]) < 1.01 and balance(table["striped"][P]) < 1.03
+        if 8192 % (2 * P * 64) == 0:
+            assert sum(table["zigzag"][P]) == whole  # no tile computed twice
+    assert table["contiguous"][2] == [64 * 65 // 2, 64 * 64 + 64 * 65 // 2]  # its own triangle; plus a whole block
+
+
+def test_merge_partials_is_attention_over_both_blocks_even_at_huge_scores() -> None:
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(3, 10, generator=g, dtype=torch.float64) * 600  # exp overflows float64 past ~709
+    v = torch.randn(10, 4, generator=g, dtype=torch.float64)
+    parts = [(torch.softmax(s[:, a:b], -1) @ v[a:b], torch.logsumexp(s[:, a:b], -1, keepdim=True))
+             for a, b in ((0, 4), (4, 10))]
+    out, lse = merge_partials(*parts[0], *parts[1])
+    torch.testing.assert_close(out, torch.softmax(s, -1) @ v, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, torch.logsumexp(s, -1, keepdim=True))
+    empty = torch.full((3, 1), float("-inf"), dtype=torch.float64)
+    out, lse = merge_partials(torch.zeros(3, 4, dtype=torch.float64), empty, *parts[0])
+    torch.testing.assert_close(out, parts[0][0])
+    out, lse = merge_partials(torch.zeros(3, 4, dtype=torch.float64), empty, torch.zeros(3, 4, dtype=torch.float64),
+                              empty)
+    assert out.abs().max() == 0 and bool(torch.isneginf(lse).all())
+
+
+def test_refusals_without_a_process_group() -> None:
+    x = torch.randn(1, 2, 4, 8)
+    with pytest.raises(RuntimeError, match="process group"):
+        ring_attention(x, x, x)
+    with pytest.raises(RuntimeError, match="process group"):
+        shard(x, 2)
+    for bad in ("zig-zag", "ring", None):
+        with pytest.raises(ValueError, match="layout must be one of"):
+            ring_attention(x, x, x, layout=bad)
+        with pytest.raises(ValueError, match="layout must be one of"):
+            ulysses_attention(x, x, x, layout=bad)
+        with pytest.raises(ValueError, match="layout must be one of"):
+            shard(x, 2, bad)
+    with pytest.raises(ValueError, match="4-D"):
+        ring_attention(x[0], x[0], x[0])
+    with pytest.raises(ValueError, match="multiple of"):
+        ring_attention(torch.randn(1, 3, 4, 8), x, x)
+
+
+def test_peak_tensor_memory_counts_new_tensors_until_they_die() -> None:
+    a = torch.zeros(1000)
+    with PeakTensorMemory() as m:
+        b = torch.ones(1000, dtype=torch.float64)  # 8000 bytes
+        c = b[:10]  # a view: nothing new
+        a.add_(1)  # in place on an older tensor: nothing new
+        del b
+        d = torch.ones(500)  # 2000 bytes, while the storage of b is still held by c
+        del c
+        e = torch.ones(2000)  # 8000 bytes, after b's storage died
+    assert m.peak == max(8000 + 2000, 2000 + 8000) and m.current == 2000 + 8000
+    del d, e
+
+
+# ---------------------------------------------------------------------------------------------- spawns
+
+
+def _cases(P: int) -> list:
+    """Many cases for one world size, run in one spawn."""
+    cases = []
+    ragged, even = 6 * P + 1, 4 * P  # 2P does not divide the first
+    for layout, causal, dtype in itertools.product(LAYOUTS, (False, True), ("float64", "float32")):
+        cases.append(dict(kind="ring", layout=layout, is_causal=causal, dtype=dtype, L=ragged, Hq=4, H=2,
+                          block=4, seed=len(cases)))
+        if dtype == "float64":
+            cases.append(dict(kind="ulysses", layout=layout, is_causal=causal, dtype=dtype, L=ragged, Hq=2 * P,
+                              H=P, seed=len(cases)))
+    cases += [
+        dict(kind="ring", layout="zigzag", is_causal=True, L=even, Hq=2, H=2, B=2, E=16, Ev=8, block=3),
+        dict(kind="ring", layout="striped", is_causal=True, L=even, Hq=2, H=1, B=1, block=2, count_kernel=True),
+        dict(kind="ring", layout="zigzag", is_causal=True, L=ragged, Hq=2, H=1, B=1, block=2, count_kernel=True),
+        dict(kind="ring", layout="contiguous", is_causal=False, L=ragged, S=2 * P + 3, Hq=2, H=2),  # L != S
+        dict(kind="ring", layout="striped", is_causal=True, L=ragged, S=3 * P + 2, Hq=2, H=2, block=2),
+        dict(kind="ring", layout="zigzag", is_causal=True, L=ragged, Hq=2, H=2, magnitude=25.0, block=4),
+        dict(kind="ring", layout="striped", is_causal=False, L=ragged, Hq=2, H=2, magnitude=25.0, block=4),
+        dict(kind="ring", layout="zigzag", is_causal=True, L=even, Hq=4, H=2, scale=0.3, block=4),
+        dict(kind="ulysses", layout="zigzag", is_causal=True, L=even, Hq=P, H=P, Ev=4, scale=0.3),
+    ]
+    if P == 2:
+        cases.append(dict(kind="ring", layout="zigzag", is_causal=True, L=64, Hq=4, H=2, E=16, dtype="bfloat16",
+                          block=8))
+    if P > 1:
+        cases += [dict(error="mismatch_dim"), dict(error="mismatch_length"), dict(error="unshard_mismatch")]
+    if P == 3:
+        cases.append(dict(error="ulysses_heads"))
+    cases += [dict(kind="shard", layout=lay, L=L) for lay in LAYOUTS for L in (2 * P + 3, 4 * P)]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def spawned():
+    """One spawn of 4 processes runs every world size 1..4, each in the subgroup of ranks 0..P-1."""
+    plan = {P: _cases(P) for P in (1, 2, 3, 4)}
+    results = launch.run(checks.compare_in_subgroups, 4, plan)
+    return {P: (P, plan[P], [results[r][P] for r in range(P)]) for P in plan}
+
+
+@pytest.fixture(params=[1, 2, 3, 4])
+def world(request, spawned):
+    return spawned[request.param]
+
+
+def test_ring_and_ulysses_equal_single_process_attention_forward_and_backward(world) -> None:
+    P, cases, results = world
+    n = 0
+    for i, case in enumerate(cases):
+        if "error" in case or case.get("kind") == "shard":
+            continue
+        row = results[0][i]
+        dtype = case.get("dtype", "float64")
+        if dtype == "bfloat16":  # as SDPA's own tolerance: no further from float64 than torch's bf16 SDPA
+            assert row["error64"] <= 2 * row["sdpa_error64"] + 1e-3, (case, row)
+        elif "magnitude" in case:  # saturated softmax: dq and dk are ~1e-12 and pure rounding; out and dv are not
+            assert max(row["errors"][0], row["errors"][3]) < TOL[dtype], (case, row["errors"])
+        else:
+            assert max(row["errors"]) < TOL[dtype], (case, row["errors"])
+        n += 1
+    assert n >= 15
+
+
+def test_bytes_sent_equal_the_formulas(world) -> None:
+    P, cases, results = world
+    for i, case in enumerate(cases):
+        if "error" in case or case.get("kind") == "shard":
+            continue
+        L, S = case["L"], case.get("S", case["L"])
+        B, Hq, H, E = case.get("B", 1), case.get("Hq", 2), case.get("H", 2), case.get("E", 8)
+        Ev = case.get("Ev", E)
+        item = {"float64": 8, "float32": 4, "bfloat16": 2}[case.get("dtype", "float64")]
+        lay = case["layout"]
+        if case["kind"] == "ring":
+            lengths = local_lengths(S, P, lay)
+            fwd = ring_bytes(lengths, B, H, E, Ev, item)
+            both = ring_bytes(lengths, B, H, E, Ev, item, backward=True, acc_itemsize=max(item, 4))
+        else:
+            lengths = local_lengths(L, P, lay)
+            fwd = ulysses_bytes(lengths, B, Hq, H, E, Ev, item)
+            both = ulysses_bytes(lengths, B, Hq, H, E, Ev, item, backward=True)
+        assert [r[i]["fwd_bytes"] for r in results] == fwd, case
+        assert [r[i]["bytes"] for r in results] == both, case
+        if case["kind"] == "ring" and P > 1 and len(set(lengths)) == 1:
+            assert fwd == [(P - 1) * lengths[0] * B * H * (E + Ev) * item] * P  # the closed form
+
+
+def test_tiles_counted_are_the_kernels_tiles(world) -> None:
+    P, cases, results = world
+    for i, case in enumerate(cases):
+        if case.get("count_kernel"):
+            tiles = ring_tiles(case["L"], P, case["layout"], case["is_causal"], case["block"], case["block"])
+            assert [r[i]["tiles"] for r in results] == tiles
+            assert [r[i]["kernel_tiles"] for r in results] == tiles, case
+
+
+def test_shard_and_unshard_give_the_whole_tensor_back(world) -> None:
+    P, cases, results = world
+    for i, case in enumerate(cases):
+        if case.get("kind") == "shard":
+            assert all(r[i]["roundtrip"] for r in results), case
+            assert [r[i]["length"] for r in results] == local_lengths(case["L"], P, case["layout"])
+            x = torch.randn(2, case["L"], 3, generator=torch.Generator().manual_seed(0))
+            for r in range(P):
+                assert torch.equal(results[r][i]["part"], x[:, positions(case["L"], P, r, case["layout"])])
+
+
+def test_clear_errors_across_ranks(world) -> None:
+    P, cases, results = world
+    for i, case in enumerate(cases):
+        what = case.get("error")
+        if what is None:
+            continue
+        for r in range(P):
+            kind, msg = results[r][i]
+            assert kind == "ValueError", (what, kind, msg)
+            if what == "mismatch_dim":
+                assert "differ across ranks" in msg and "rank" in msg
+            if what == "mismatch_length":
+                assert "not the 'contiguous' split" in msg
+            if what == "ulysses_heads":
+                assert "divisible by the world size 3" in msg and "(4)" in msg
+
+
+def test_a_child_error_comes_back_with_its_traceback() -> None:
+    with pytest.raises(RuntimeError, match=r"rank 0 of 1 raised:\n(.|\n)*KeyError: 'no such case'"):
+        launch.run(checks.compare_with_sdpa, 1, [dict(error="no such case")])
+    with pytest.raises(ValueError, match="world_size"):
+        launch.run(checks.compare_with_sdpa, 0, [])
+
+
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "torchrun").exists(), reason="torchrun not installed")
+def test_torchrun_runs_the_demo() -> None:
+    out = subprocess.run([str(ROOT / ".venv" / "bin" / "torchrun"), "--nproc-per-node", "2", "-m",
+                          "attention_core.distributed.demo", "--length", "96", "--causal", "--dtype", "float64",
+                          "--head-dim", "8"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split() for line in out.stdout.splitlines() if line.startswith(("ring ", "ulysses "))]
+    assert len(lines) == 4
+    assert all(float(line[-1]) < 1e-10 for line in lines)
+    ring = [int(x[2]) for x in lines if x[0] == "ring"]
+    assert ring == ring_bytes([48, 48], 1, 4, 8, 8, 8, backward=True)
