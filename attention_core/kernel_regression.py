@@ -391,8 +391,8 @@ def fit_bandwidth(
         steps: number of Adam steps.
         lr: Adam's learning rate on ``log h``.
         betas: Adam's decay rates ``(beta1, beta2)``, each in [0, 1). ``beta1`` is the momentum: with the
-            default 0.9 the bandwidth typically overshoots the minimum before it settles; with ``beta1 = 0``
-            it does not (chapter 1 measures both on several draws of its data).
+            default 0.9 the bandwidth can overshoot the minimum before it settles (chapter 1, Figure 5); with
+            ``beta1 = 0`` the same run approaches it without passing it (chapter 1 shows both on its data).
 
     Returns:
         A :class:`BandwidthFit` with the loss and the bandwidth at each step.
