@@ -231,6 +231,31 @@ def test_fit_bandwidth_lowers_the_leave_one_out_loss() -> None:
     assert test_mse(h) < test_mse(2.0)
 
 
+def test_fit_bandwidth_momentum_is_what_overshoots() -> None:
+    # Adam's default beta1 = 0.9 carries h past the leave-one-out minimum before it settles (chapter 1,
+    # Figure 5); with beta1 = 0 the same run approaches the minimum from above without passing it.
+    ds = make_regression_data(seed=0)
+    runs = {}
+    for beta1 in (0.9, 0.0):
+        model = kr.NadarayaWatson(bandwidth=2.0)
+        fit = kr.fit_bandwidth(model, ds.x_train, ds.y_train, steps=150, lr=0.1, betas=(beta1, 0.999))
+        runs[beta1] = (min(fit.bandwidth), model.bandwidth.item())
+    lowest, final = runs[0.9]
+    assert lowest < 0.8 * final  # overshoot with momentum
+    lowest, final = runs[0.0]
+    assert lowest > 0.99 * final  # none without
+    assert runs[0.9][1] == pytest.approx(runs[0.0][1], rel=0.02)  # the same minimum either way
+
+
+@pytest.mark.parametrize("betas", [(0.9,), (0.9, 1.0), (-0.1, 0.999), "ab", (True, 0.999), (0.9, float("nan"))])
+def test_fit_bandwidth_rejects_bad_betas(betas) -> None:
+    ds = make_regression_data(n_train=10, n_test=5)
+    model = kr.NadarayaWatson(bandwidth=2.0)
+    with pytest.raises(ValueError, match="betas"):
+        kr.fit_bandwidth(model, ds.x_train, ds.y_train, betas=betas)
+    assert model.bandwidth.item() == pytest.approx(2.0)  # a refused call changes nothing
+
+
 def test_fit_bandwidth_rejects_a_fixed_bandwidth() -> None:
     ds = make_regression_data(n_train=10, n_test=5)
     with pytest.raises(ValueError, match="learn_bandwidth=False"):
