@@ -42,6 +42,7 @@ from attention_core._checks import (
     fmt_shape,
     short_repr,
 )
+from attention_core._nonfinite import all_finite, bad_rows, check_on_host
 
 __all__ = [
     "FEATURE_MAPS",
@@ -134,6 +135,34 @@ def _normalized(num: torch.Tensor, den: torch.Tensor | None, eps: float) -> torc
     return num if den is None else num / (den.unsqueeze(-1) + eps)
 
 
+def _clean(fq: torch.Tensor, fk: torch.Tensor, value: torch.Tensor, causal: bool
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The non-finite policy of the parallel and chunked forms, the recurrent form's answer: a NaN or inf in
+    ``phi(q_i)`` makes row ``i`` NaN; one in ``phi(k_j)`` or ``v_j`` makes NaN every row that reads key ``j``
+    (rows ``i >= j`` if causal, every row if not), and no other. A masked product ``0 * NaN`` is NaN, so the
+    bad rows are zeroed before any product and the NaN put back afterwards: returns the cleaned
+    ``fq, fk, value`` and the (..., L, 1) NaN-or-0 tensor to add to the output (``None`` when all is finite)."""
+    if check_on_host(fq, fk, value) and bool(all_finite(fq, fk, value, None)):
+        return fq, fk, value, None
+    L, S = fq.shape[-2], fk.shape[-2]
+    bad_kv = bad_rows(fk) | bad_rows(value)  # (..., S): the key's features or its value hold a NaN or inf
+    if causal:  # row i reads keys 0..i: a prefix "any"
+        reads_bad = (bad_kv.to(torch.int32).cumsum(-1) > 0)[..., :L]  # (..., L)
+    else:  # every row reads every key
+        reads_bad = bad_kv.any(-1, keepdim=True).expand(*bad_kv.shape[:-1], L)  # (..., L)
+    rows = (bad_rows(fq) & (S > 0)) | reads_bad  # (..., L); a row that reads no key stays zeros
+    poison = torch.zeros(rows.shape, dtype=value.dtype, device=value.device).masked_fill(rows, math.nan)
+
+    def clean(t: torch.Tensor) -> torch.Tensor:
+        return t.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+    return clean(fq), clean(fk), clean(value), poison.unsqueeze(-1)  # (..., L, 1)
+
+
+def _poisoned(out: torch.Tensor, poison: torch.Tensor | None) -> torch.Tensor:
+    return out if poison is None else out + poison.to(out.dtype)  # NaN in the poisoned rows, + 0 elsewhere
+
+
 def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False,
                      feature_map: FeatureMap = "elu", normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """Linear attention in its parallel form: the (L, S) matrix ``phi(Q) phi(K)^T``, masked if causal,
@@ -153,11 +182,12 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     _check_qkv(query, key, value, causal=is_causal)
     phi = _feature_map(feature_map)
     fq, fk = phi(query), phi(key)  # (..., L, Dphi), (..., S, Dphi)
+    fq, fk, value, poison = _clean(fq, fk, value, is_causal)  # a future key's NaN must not reach row i
     A = fq @ fk.transpose(-2, -1)  # (..., L, Dphi) @ (..., Dphi, S) -> (..., L, S)
     if is_causal:
         L, S = A.shape[-2:]
         A = A * torch.ones(L, S, dtype=torch.bool, device=A.device).tril()
-    return _normalized(A @ value, A.sum(-1) if normalize else None, eps)  # (..., L, Ev)
+    return _poisoned(_normalized(A @ value, A.sum(-1) if normalize else None, eps), poison)  # (..., L, Ev)
 
 
 def linear_attention_recurrent(
@@ -218,6 +248,7 @@ def linear_attention_chunked(query: torch.Tensor, key: torch.Tensor, value: torc
                          f"{fmt_shape(key.shape)}")
     phi = _feature_map(feature_map)
     fq, fk = phi(query), phi(key)  # (..., L, Dphi)
+    fq, fk, value, poison = _clean(fq, fk, value, True)  # a later key's NaN must not reach an earlier row
     S_ = fk.new_zeros(*fk.shape[:-2], fk.shape[-1], value.shape[-1])  # (..., Dphi, Ev)
     z = fk.new_zeros(*fk.shape[:-2], fk.shape[-1])  # (..., Dphi)
     outs = []
@@ -230,7 +261,8 @@ def linear_attention_chunked(query: torch.Tensor, key: torch.Tensor, value: torc
         outs.append(_normalized(num, den, eps))
         S_ = S_ + k.transpose(-2, -1) @ v  # (..., Dphi, C) @ (..., C, Ev)
         z = z + k.sum(-2)
-    return torch.cat(outs, dim=-2)  # (..., L, Ev)
+    out = torch.cat(outs, dim=-2) if outs else value.new_zeros(*fq.shape[:-1], value.shape[-1])  # (..., L, Ev)
+    return _poisoned(out, poison)
 
 
 def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta: float | torch.Tensor = 1.0, *,

@@ -356,12 +356,19 @@ class _Run:
                 return torch.bmm(qs, kc.transpose(1, 2))  # (G, bl, E) @ (G, E, nc) -> (G, bl, nc)
             return torch.baddbmm(bias.expand(qs.shape[0], -1, -1), qs, kc.transpose(1, 2))
         s = self.modded(torch.bmm(qs, kc.transpose(1, 2)), chunk, b_idx, h_idx, q_idx).clone()
-        return s if bias is None else s.add_(bias)
+        return s if bias is None else _hide(s, bias)
 
     def modded(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
         """The score_mod applied to a chunk of scores (G, bl, nc); a new tensor of that shape."""
         out = self.score_mod(s, b_idx, h_idx, q_idx, chunk.kv_idx)
         return out.expand(s.shape) if out.shape != s.shape else out
+
+
+def _hide(s: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``s`` with the pairs the bias hides set to -inf, in place: a score_mod may give NaN or +inf to a masked
+    pair (a captured table's NaN, inf - inf), and ``NaN + -inf`` would be NaN, poisoning a row that does not
+    read the pair."""
+    return s.masked_fill_(bias == _NEG_INF, _NEG_INF)
 
 
 def _forward(run: _Run, q, k, v, out, lse) -> None:
@@ -431,7 +438,7 @@ def _backward(run: _Run, q, k, v, out, lse, grad_out, captured):
                     s = modded.detach().clone()
                     bias = run.bias(chunk, b_idx, h_idx, q_idx, s.dtype)
                     if bias is not None:
-                        s.add_(bias)
+                        _hide(s, bias)
                 p = run.exp_(s.sub_(lse_t))  # (G, bl, nc), recomputed from the saved log-sum-exp
                 chunk.add_into(dvg, torch.bmm(p.transpose(1, 2), do))  # (G, nc, bl) @ (G, bl, Ev)
                 ds = torch.bmm(do, vc.transpose(1, 2)).sub_(delta).mul_(p)  # dS = P * (dP - delta), (G, bl, nc)
