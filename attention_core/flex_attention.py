@@ -36,7 +36,9 @@ import torch
 import torch.nn.functional as F
 
 from attention_core._checks import (
+    broadcast_or_none,
     check_bool_flag,
+    check_device,
     check_fits,
     check_floating,
     check_same_device,
@@ -173,6 +175,10 @@ def create_block_mask(
     Bq, Bk = _block_size(BLOCK_SIZE)
     Bm, Hm, L, S = B or 1, H or 1, Q_LEN, KV_LEN
     nQ, nK = -(-L // Bq), -(-S // Bk)
+    # two bool grids and two int32 index tensors of (Bm, Hm, nQ, nK), and the sort's int64 indices
+    device = check_device(device) or torch.device("cpu")
+    check_fits(Bm * Hm * nQ * nK * 18, f"create_block_mask's (B, H, nQ, nK) = ({Bm}, {Hm}, {nQ}, {nK}) tile tables",
+               device)
     any_ = torch.zeros(Bm, Hm, nQ, nK, dtype=torch.bool, device=device)
     all_ = torch.zeros(Bm, Hm, nQ, nK, dtype=torch.bool, device=device)
     tiles_per_slab = max(1, _SLAB // max(1, Bq * nK * Bk))  # query tiles evaluated at once
@@ -187,6 +193,10 @@ def create_block_mask(
                 if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
                     raise TypeError(f"a mask_mod must return a bool tensor, got {type(keep).__name__} "
                                     f"{getattr(keep, 'dtype', '')}")
+                if broadcast_or_none(keep.shape, (len(q), S)) != torch.Size((len(q), S)):
+                    raise ValueError(f"mask_mod {getattr(mask_mod, '__name__', '')!s} returned shape "
+                                     f"{fmt_shape(keep.shape)} for q_idx (rows, 1) and kv_idx (1, S) = "
+                                     f"(1, {S}): a mask_mod's answer must broadcast to (rows, S) = ({len(q)}, {S})")
                 keep = keep.expand(len(q), S)
                 pad = (0, nK * Bk - S, 0, (t1 - t0) * Bq - len(q))  # ragged edges: outside pairs are neither
                 tiles_any = F.pad(keep, pad, value=False).view(t1 - t0, Bq, nK, Bk)

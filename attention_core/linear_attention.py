@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from attention_core._checks import (
     check_bool_flag,
+    check_fits,
     check_floating,
     check_min_rank,
     check_positive_float,
@@ -39,6 +40,7 @@ from attention_core._checks import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    check_tensors_fit,
     fmt_shape,
     short_repr,
 )
@@ -120,6 +122,7 @@ def _check_qkv(query: object, key: object, value: object, *, causal: bool) -> No
     if query.shape[:-2] != key.shape[:-2]:
         raise ValueError(f"query and key must share the batch dims, got query {fmt_shape(query.shape)} and key "
                          f"{fmt_shape(key.shape)}")
+    check_tensors_fit("linear attention", query=query, key=key, value=value)  # read element by element
     if causal and query.shape[-2] > key.shape[-2]:
         raise ValueError(f"causal linear attention needs L <= S (query i reads keys 0..i), got L = "
                          f"{query.shape[-2]} and S = {key.shape[-2]}")
@@ -183,6 +186,9 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     phi = _feature_map(feature_map)
     fq, fk = phi(query), phi(key)  # (..., L, Dphi), (..., S, Dphi)
     fq, fk, value, poison = _clean(fq, fk, value, is_causal)  # a future key's NaN must not reach row i
+    check_fits(math.prod(fq.shape[:-1]) * fk.shape[-2] * fq.element_size(),
+               f"linear_attention's (..., L, S) = {fmt_shape((*fq.shape[:-1], fk.shape[-2]))} kernel matrix "
+               "(linear_attention_chunked or _recurrent need none)", fq.device)
     A = fq @ fk.transpose(-2, -1)  # (..., L, Dphi) @ (..., Dphi, S) -> (..., L, S)
     if is_causal:
         L, S = A.shape[-2:]
