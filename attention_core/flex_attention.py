@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from attention_core._checks import (
-    broadcast_or_none,
     check_bool_flag,
     check_device,
     check_fits,
@@ -49,7 +48,15 @@ from attention_core._checks import (
     short_repr,
 )
 from attention_core._nonfinite import all_finite, bad_rows, check_on_host, empty_result
-from attention_core.mask_mods import MaskMod, ScoreMod, dense_mask, dense_scores, index_grids, noop_mask
+from attention_core.mask_mods import (
+    MaskMod,
+    ScoreMod,
+    call_mask_mod,
+    dense_mask,
+    dense_scores,
+    index_grids,
+    noop_mask,
+)
 
 __all__ = ["BlockMask", "create_block_mask", "flex_attention"]
 
@@ -182,6 +189,8 @@ def create_block_mask(
     any_ = torch.zeros(Bm, Hm, nQ, nK, dtype=torch.bool, device=device)
     all_ = torch.zeros(Bm, Hm, nQ, nK, dtype=torch.bool, device=device)
     tiles_per_slab = max(1, _SLAB // max(1, Bq * nK * Bk))  # query tiles evaluated at once
+    check_fits(2 * min(nQ, tiles_per_slab) * Bq * nK * Bk, f"create_block_mask's padded slab of "
+               f"{min(nQ, tiles_per_slab)} tiles of BLOCK_SIZE = {(Bq, Bk)} by {nK} key tiles", device)
     kv = torch.arange(S, device=device)
     for b in range(Bm):
         for h in range(Hm):
@@ -189,15 +198,7 @@ def create_block_mask(
             for t0 in range(0, nQ, tiles_per_slab):
                 t1 = min(nQ, t0 + tiles_per_slab)
                 q = torch.arange(t0 * Bq, min(L, t1 * Bq), device=device)
-                keep = mask_mod(bt, ht, q[:, None], kv[None, :])  # (rows, S)
-                if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
-                    raise TypeError(f"a mask_mod must return a bool tensor, got {type(keep).__name__} "
-                                    f"{getattr(keep, 'dtype', '')}")
-                if broadcast_or_none(keep.shape, (len(q), S)) != torch.Size((len(q), S)):
-                    raise ValueError(f"mask_mod {getattr(mask_mod, '__name__', '')!s} returned shape "
-                                     f"{fmt_shape(keep.shape)} for q_idx (rows, 1) and kv_idx (1, S) = "
-                                     f"(1, {S}): a mask_mod's answer must broadcast to (rows, S) = ({len(q)}, {S})")
-                keep = keep.expand(len(q), S)
+                keep = call_mask_mod(mask_mod, bt, ht, q[:, None], kv[None, :], (len(q), S))  # (rows, S)
                 pad = (0, nK * Bk - S, 0, (t1 - t0) * Bq - len(q))  # ragged edges: outside pairs are neither
                 tiles_any = F.pad(keep, pad, value=False).view(t1 - t0, Bq, nK, Bk)
                 tiles_all = F.pad(keep, pad, value=True).view(t1 - t0, Bq, nK, Bk)
@@ -302,14 +303,14 @@ def _nonfinite(query, key, value, block_mask):
     cols = bad_kv.flatten(0, 1).any(0).nonzero().flatten()  # the key positions bad somewhere
     for c0 in range(0, cols.numel(), step):
         c = cols[c0:c0 + step]
-        keep = mask_mod(b, h, q, c.view(1, 1, 1, -1))  # (B?, H?, L?, c)
+        keep = call_mask_mod(mask_mod, b, h, q, c.view(1, 1, 1, -1), (B, H, L, c.numel()))  # (B, H, L, c)
         rows |= (keep & bad_kv[:, :, None, c]).any(-1)  # reads a bad key or value
     bad = bad_q.nonzero()  # (n, 3): (b, h, i) of the bad query rows; each poisons its row if it reads some key
     kv = torch.arange(S, device=query.device).view(1, S)
     step = max(1, _SLAB // max(1, S))
     for n0 in range(0, bad.shape[0], step):
         bi, hi, qi = (x.view(-1, 1) for x in bad[n0:n0 + step].unbind(1))  # (n, 1) each
-        alive = mask_mod(bi, hi, qi, kv).expand(bi.shape[0], S).any(-1)  # (n,)
+        alive = call_mask_mod(mask_mod, bi, hi, qi, kv, (bi.shape[0], S)).any(-1)  # (n,)
         rows[bi[:, 0], hi[:, 0], qi[:, 0]] |= alive
     poison = torch.zeros(B, H, L, 1, dtype=query.dtype, device=query.device).masked_fill(rows[..., None], math.nan)
 
@@ -359,6 +360,8 @@ def flex_attention(
     _check_captured(score_mod, block_mask, B, Hq, L, S, query.device)
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     H = key.shape[1]
+    if query.device.type == "meta":  # no values: the shape, dtype and device of the answer
+        return query.new_empty(B, Hq, L, value.shape[-1])
     if B * Hq * L * value.shape[-1] == 0:  # nothing to compute (S = 0 is computed: rows that read nothing)
         return empty_result((B, Hq, L, value.shape[-1]), query, key, value)
     if Hq != H:  # GQA: each key/value head serves Hq / H query heads; autograd sums their gradients

@@ -34,6 +34,7 @@ from attention_core._checks import (
     check_bool_flag,
     check_fits,
     check_floating,
+    check_floating_dtype,
     check_min_rank,
     check_positive_float,
     check_positive_int,
@@ -104,6 +105,24 @@ def _feature_map(feature_map: FeatureMap) -> Callable[[torch.Tensor], torch.Tens
     if not callable(feature_map):
         raise TypeError(f"feature_map must be a str or a callable, got {type(feature_map).__name__}")
     return feature_map
+
+
+def _features(phi: Callable[[torch.Tensor], torch.Tensor], query: torch.Tensor, key: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``phi(query)``, ``phi(key)``, checked: floating tensors (..., L, Dphi) and (..., S, Dphi) of the inputs'
+    leading dims, one dtype and device, the same Dphi; else a ``TypeError``/``ValueError`` naming feature_map."""
+    fq, fk = phi(query), phi(key)  # (..., L, Dphi), (..., S, Dphi)
+    for name, f, x in (("query", fq, query), ("key", fk, key)):
+        if not isinstance(f, torch.Tensor) or not f.is_floating_point():
+            raise TypeError(f"feature_map must return a floating tensor, got {type(f).__name__} "
+                            f"{getattr(f, 'dtype', '')} for the {name}")
+        if f.shape[:-1] != x.shape[:-1] or f.dim() != x.dim():
+            raise ValueError(f"feature_map must map (..., N, E) to (..., N, Dphi), got {fmt_shape(f.shape)} for the "
+                             f"{name} of shape {fmt_shape(x.shape)}")
+    if fq.shape[-1] != fk.shape[-1] or fq.dtype != fk.dtype or fq.device != fk.device:
+        raise ValueError(f"feature_map must give the query and the key features of one size, dtype and device, "
+                         f"got {fmt_shape(fq.shape)} {fq.dtype} and {fmt_shape(fk.shape)} {fk.dtype}")
+    return fq, fk
 
 
 def _check_qkv(query: object, key: object, value: object, *, causal: bool) -> None:
@@ -183,8 +202,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """
     eps = _check_common(is_causal, normalize, eps)
     _check_qkv(query, key, value, causal=is_causal)
-    phi = _feature_map(feature_map)
-    fq, fk = phi(query), phi(key)  # (..., L, Dphi), (..., S, Dphi)
+    fq, fk = _features(_feature_map(feature_map), query, key)  # (..., L, Dphi), (..., S, Dphi)
     fq, fk, value, poison = _clean(fq, fk, value, is_causal)  # a future key's NaN must not reach row i
     check_fits(math.prod(fq.shape[:-1]) * fk.shape[-2] * fq.element_size(),
                f"linear_attention's (..., L, S) = {fmt_shape((*fq.shape[:-1], fk.shape[-2]))} kernel matrix "
@@ -212,8 +230,7 @@ def linear_attention_recurrent(
     """
     eps = _check_common(is_causal, normalize, eps)
     _check_qkv(query, key, value, causal=is_causal)
-    phi = _feature_map(feature_map)
-    fq, fk = phi(query), phi(key)  # (..., L, Dphi), (..., S, Dphi)
+    fq, fk = _features(_feature_map(feature_map), query, key)  # (..., L, Dphi), (..., S, Dphi)
     if state is None:
         S_ = fk.new_zeros(*fk.shape[:-2], fk.shape[-1], value.shape[-1])  # (..., Dphi, Ev)
         z = fk.new_zeros(*fk.shape[:-2], fk.shape[-1])  # (..., Dphi)
@@ -221,6 +238,16 @@ def linear_attention_recurrent(
         if not isinstance(state, LinearAttentionState):
             raise TypeError(f"state must be a LinearAttentionState or None, got {type(state).__name__}")
         S_, z = state.S, state.z
+        want = {"S": (*fk.shape[:-2], fk.shape[-1], value.shape[-1]), "z": (*fk.shape[:-2], fk.shape[-1])}
+        for name, t in (("S", S_), ("z", z)):
+            check_tensor(t, f"state.{name}")
+            if tuple(t.shape) != want[name]:
+                layout = "(..., Dphi, Ev)" if name == "S" else "(..., Dphi)"
+                raise ValueError(f"state.{name} must have shape {want[name]} {layout} for these inputs, got "
+                                 f"{fmt_shape(t.shape)}")
+            if t.dtype != fk.dtype or t.device != fk.device:
+                raise TypeError(f"state.{name} must have the features' dtype {fk.dtype} on {fk.device}, got "
+                                f"{t.dtype} on {t.device}")
     outs = []
 
     def read(i: int) -> torch.Tensor:
@@ -252,8 +279,7 @@ def linear_attention_chunked(query: torch.Tensor, key: torch.Tensor, value: torc
     if query.shape[-2] != key.shape[-2]:
         raise ValueError(f"linear_attention_chunked needs L == S, got query {fmt_shape(query.shape)} and key "
                          f"{fmt_shape(key.shape)}")
-    phi = _feature_map(feature_map)
-    fq, fk = phi(query), phi(key)  # (..., L, Dphi)
+    fq, fk = _features(_feature_map(feature_map), query, key)  # (..., L, Dphi)
     fq, fk, value, poison = _clean(fq, fk, value, True)  # a later key's NaN must not reach an earlier row
     S_ = fk.new_zeros(*fk.shape[:-2], fk.shape[-1], value.shape[-1])  # (..., Dphi, Ev)
     z = fk.new_zeros(*fk.shape[:-2], fk.shape[-1])  # (..., Dphi)
@@ -296,6 +322,12 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
         if beta.shape != key.shape[:-1]:
             raise ValueError(f"beta as a tensor must have shape (..., L) = {fmt_shape(key.shape[:-1])}, got "
                              f"{fmt_shape(beta.shape)}")
+        if not beta.is_floating_point() or beta.device != key.device:
+            raise TypeError(f"beta as a tensor must be floating, on the key's device {key.device}, got {beta.dtype} "
+                            f"on {beta.device}")
+        if beta.device.type != "meta" and not bool(((beta >= 0) & (beta <= 2)).all()):
+            raise ValueError("beta must be in [0, 2] (beyond 2 the write overshoots and diverges; NaN is no "
+                             f"strength), got values from {float(beta.min()):g} to {float(beta.max()):g}")
         betas = beta.to(key.dtype)
     else:
         b = check_positive_float(beta, "beta", allow_zero=True)
@@ -309,6 +341,9 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
         want = (*key.shape[:-2], value.shape[-1], key.shape[-1])
         if tuple(state.shape) != want:
             raise ValueError(f"state must have shape (..., Ev, E) = {want}, got {fmt_shape(state.shape)}")
+        if state.dtype != key.dtype or state.device != key.device:
+            raise TypeError(f"state must have the key's dtype {key.dtype} on {key.device}, got {state.dtype} on "
+                            f"{state.device}")
     outs = []
     for j in range(L):
         k, v = key[..., j, :], value[..., j, :]  # (..., E), (..., Ev)
@@ -324,9 +359,18 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
 
 def softmax_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``exp(x . y)`` over the last dim: x (..., d), y (..., d) -> (...)."""
-    check_tensor(x, "x")
-    check_tensor(y, "y")
+    _check_pair(x, y)
     return torch.exp((x * y).sum(-1))
+
+
+def _check_pair(x: object, y: object) -> None:
+    for name, t in (("x", x), ("y", y)):
+        check_tensor(t, name)
+        check_floating(t, name)
+    check_same_dtype(x=x, y=y)
+    check_same_device(x=x, y=y)
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have one shape (..., d), got x {fmt_shape(x.shape)} and y {fmt_shape(y.shape)}")
 
 
 def draw_omega(num_features: int, dim: int, *, generator: torch.Generator | None = None,
@@ -334,6 +378,10 @@ def draw_omega(num_features: int, dim: int, *, generator: torch.Generator | None
     """``num_features`` i.i.d. standard normal directions, (m, d): the random projections of both estimators."""
     m = check_positive_int(num_features, "num_features")
     d = check_positive_int(dim, "dim")
+    check_floating_dtype(dtype)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    check_fits(m * d * torch.empty((), dtype=dtype).element_size(), f"draw_omega's (m, d) = ({m}, {d})", "cpu")
     return torch.randn(m, d, generator=generator, dtype=dtype)
 
 
@@ -380,8 +428,7 @@ def performer_variance(x: torch.Tensor, y: torch.Tensor, num_features: int, kind
 
     x, y: (..., d) -> (...).
     """
-    check_tensor(x, "x")
-    check_tensor(y, "y")
+    _check_pair(x, y)
     m = check_positive_int(num_features, "num_features")
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {short_repr(kind)}")

@@ -37,6 +37,7 @@ from attention_core._checks import (
     fmt_shape,
     short_repr,
 )
+from attention_core.mask_mods import call_mask_mod
 
 __all__ = [
     "PATTERNS",
@@ -130,6 +131,8 @@ def bigbird_mod(L: int, window: int, global_tokens: Sequence[int] = (0,), num_ra
     the keys the query may see if causal), fixed when the mod is built: for sequences up to ``L`` positions."""
     n = check_positive_int(L, "L")
     r = check_positive_int(num_random, "num_random", allow_zero=True)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     _check_dense(n, n, "bigbird_mod")  # it draws and keeps an (L, L) table of random keys
     base = longformer_mod(window, global_tokens, causal=causal, max_len=n)
     rand = torch.zeros(n, n, dtype=torch.bool)
@@ -154,15 +157,7 @@ def dense_from_mod(mask_mod: MaskMod, L: int, S: int | None = None) -> torch.Ten
     q = torch.arange(L).unsqueeze(1)  # (L, 1)
     k = torch.arange(S).unsqueeze(0)  # (1, S)
     zero = torch.zeros((), dtype=torch.long)
-    keep = mask_mod(zero, zero, q, k)
-    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
-        raise TypeError(f"mask_mod must return a bool tensor (True = attend), got {type(keep).__name__} "
-                        f"{getattr(keep, 'dtype', '')}")
-    try:
-        return keep.expand(L, S).clone()
-    except RuntimeError:
-        raise ValueError(f"mask_mod returned shape {fmt_shape(keep.shape)}, which does not broadcast to (L, S) = "
-                         f"({L}, {S})") from None
+    return call_mask_mod(mask_mod, zero, zero, q, k, (L, S)).clone()
 
 
 # Dense builders, written from the definitions directly (rows of positions), independent of the mods.
@@ -226,6 +221,8 @@ PATTERNS = {
 
 def _check_bool_2d(mask: object, name: str = "mask") -> torch.Tensor:
     check_tensor(mask, name)
+    if mask.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: it holds no values to count or multiply")
     if mask.dtype != torch.bool:
         raise TypeError(f"{name} must be a bool tensor, got {mask.dtype}")
     if mask.dim() != 2:
@@ -247,7 +244,7 @@ def reaches_every_pair(mask: torch.Tensor, *, causal: bool = True) -> bool:
     """Whether two layers of ``mask`` reach every causal pair (``j <= i``), or every pair if not ``causal``."""
     check_bool_flag(causal, "causal")
     reach = two_hop_reach(mask)
-    want = _causal_dense(mask.shape[0], causal)
+    want = _causal_dense(mask.shape[0], causal).to(mask.device)
     return bool((reach | ~want).all())
 
 
@@ -259,7 +256,7 @@ def tiles_visited(mask: torch.Tensor, block_q: int = 16, block_k: int = 16) -> i
     L, S = mask.shape
     check_fits(-(-L // bq) * bq * -(-S // bk) * bk, f"tiles_visited's padded mask of {fmt_shape(mask.shape)}",
                mask.device)
-    pad = torch.zeros(-(-L // bq) * bq, -(-S // bk) * bk, dtype=torch.bool)
+    pad = torch.zeros(-(-L // bq) * bq, -(-S // bk) * bk, dtype=torch.bool, device=mask.device)
     pad[:L, :S] = mask
     tiles = pad.reshape(pad.shape[0] // bq, bq, pad.shape[1] // bk, bk)  # (L, S) -> (Tq, bq, Tk, bk)
     return int(tiles.any(dim=3).any(dim=1).sum())

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
+from attention_core.mask_mods import call_mask_mod, call_score_mod
+
 __all__ = ["CHUNK_KEYS", "captured_tensors", "chunked_flex_attention"]
 
 #: Most keys one product reads: a (256, 512) float32 score chunk of one head is 512 KiB, half of a 1 MiB L2
@@ -251,7 +253,8 @@ class _Plan:
 
             def evaluate(r, kv, b_idx=b_idx, h_idx=h_idx, positions=positions):
                 q_idx = positions[:, r * Bq:min(L, (r + 1) * Bq)]  # (1, bl, 1)
-                return self.mask_mod(b_idx, h_idx, q_idx, kv.view(1, 1, -1))
+                shape = (b_idx.shape[0], q_idx.shape[1], kv.numel())
+                return call_mask_mod(self.mask_mod, b_idx, h_idx, q_idx, kv.view(1, 1, -1), shape)
 
             previous: dict[tuple, list] = {}  # shape -> the last few biases kept of that shape
 
@@ -360,8 +363,7 @@ class _Run:
 
     def modded(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
         """The score_mod applied to a chunk of scores (G, bl, nc); a new tensor of that shape."""
-        out = self.score_mod(s, b_idx, h_idx, q_idx, chunk.kv_idx)
-        return out.expand(s.shape) if out.shape != s.shape else out
+        return call_score_mod(self.score_mod, s, b_idx, h_idx, q_idx, chunk.kv_idx)
 
 
 def _hide(s: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
