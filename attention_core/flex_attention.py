@@ -47,7 +47,7 @@ from attention_core._checks import (
     fmt_shape,
     short_repr,
 )
-from attention_core._nonfinite import all_finite, bad_rows, check_on_host, empty_result
+from attention_core._nonfinite import all_finite, bad_rows, empty_result
 from attention_core.mask_mods import (
     MaskMod,
     ScoreMod,
@@ -289,8 +289,14 @@ def _nonfinite(query, key, value, block_mask):
     predicate saying which keys a row reads: a NaN or inf in query row ``i`` makes output row ``i`` NaN (if it
     reads any key); one in key or value row ``j`` makes NaN exactly the rows whose ``mask_mod`` keeps ``j``.
     Returns the inputs with their bad rows zeroed (so no backend computes ``0 * NaN`` for a masked pair, forward
-    or backward) and the (B, H, L, 1) NaN-or-0 tensor to add to the output (``None`` when all is finite)."""
-    if check_on_host(query, key, value) and bool(all_finite(query, key, value, None)):
+    or backward) and the (B, H, L, 1) NaN-or-0 tensor to add to the output (``None`` when all is finite).
+
+    Finding the bad keys is data-dependent (a ``nonzero``): under ``torch.compile`` and ``torch.func`` transforms
+    the inputs are passed on as they are, and a masked pair's NaN may then reach its row."""
+    if torch.compiler.is_compiling() or any(torch._C._functorch.is_functorch_wrapped_tensor(t)
+                                             for t in (query, key, value)):
+        return query, key, value, None  # which keys are bad is data-dependent: traced graphs compute as given
+    if bool(all_finite(query, key, value, None)):  # free on the CPU, one synchronisation on a GPU
         return query, key, value, None
     B, H, L, _ = query.shape
     S = key.shape[2]

@@ -157,28 +157,36 @@ def _normalized(num: torch.Tensor, den: torch.Tensor | None, eps: float) -> torc
     return num if den is None else num / (den.unsqueeze(-1) + eps)
 
 
-def _clean(fq: torch.Tensor, fk: torch.Tensor, value: torch.Tensor, causal: bool
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The non-finite policy of the parallel and chunked forms, the recurrent form's answer: a NaN or inf in
-    ``phi(q_i)`` makes row ``i`` NaN; one in ``phi(k_j)`` or ``v_j`` makes NaN every row that reads key ``j``
-    (rows ``i >= j`` if causal, every row if not), and no other. A masked product ``0 * NaN`` is NaN, so the
-    bad rows are zeroed before any product and the NaN put back afterwards: returns the cleaned
-    ``fq, fk, value`` and the (..., L, 1) NaN-or-0 tensor to add to the output (``None`` when all is finite)."""
+def _clean_features(phi: Callable[[torch.Tensor], torch.Tensor], query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, causal: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``phi(query)``, ``phi(key)`` and ``value`` under the non-finite policy of the parallel and chunked forms,
+    which is the recurrent form's: a NaN or inf in ``phi(q_i)`` makes row ``i`` NaN; one in ``phi(k_j)`` or
+    ``v_j`` makes NaN every row that reads key ``j`` (rows ``i >= j`` if causal, every row if not), and no
+    other. A masked product ``0 * NaN`` is NaN, so the bad rows are zeroed before any product (in the inputs,
+    so that no gradient passes through a NaN either) and the NaN is put back afterwards. Returns the features,
+    the value and the (..., L, 1) NaN-or-0 tensor to add to the output (``None`` when all is finite).
+    A poisoned row is NaN in every column, as in :func:`attention_core.scaled_dot_product_attention` (the
+    recurrent form's running sums may keep a value's NaN in its own column, or give inf: the same rows)."""
+    fq, fk = _features(phi, query, key)  # (..., L, Dphi), (..., S, Dphi)
     if check_on_host(fq, fk, value) and bool(all_finite(fq, fk, value, None)):
         return fq, fk, value, None
     L, S = fq.shape[-2], fk.shape[-2]
+    bad_q = bad_rows(fq)  # (..., L); a -inf key is no bad row when its feature is finite (elu + 1 gives 0)
     bad_kv = bad_rows(fk) | bad_rows(value)  # (..., S): the key's features or its value hold a NaN or inf
+    fq, fk = _features(phi, query.masked_fill(bad_q[..., None], 0.0), key.masked_fill(bad_kv[..., None], 0.0))
+    value = value.masked_fill(bad_kv[..., None], 0.0)
     if causal:  # row i reads keys 0..i: a prefix "any"
         reads_bad = (bad_kv.to(torch.int32).cumsum(-1) > 0)[..., :L]  # (..., L)
     else:  # every row reads every key
         reads_bad = bad_kv.any(-1, keepdim=True).expand(*bad_kv.shape[:-1], L)  # (..., L)
-    rows = (bad_rows(fq) & (S > 0)) | reads_bad  # (..., L); a row that reads no key stays zeros
+    rows = (bad_q & (S > 0)) | reads_bad  # (..., L); a row that reads no key stays zeros
     poison = torch.zeros(rows.shape, dtype=value.dtype, device=value.device).masked_fill(rows, math.nan)
 
-    def clean(t: torch.Tensor) -> torch.Tensor:
+    def clean(t: torch.Tensor) -> torch.Tensor:  # a map that is not finite at 0 either
         return t.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
-    return clean(fq), clean(fk), clean(value), poison.unsqueeze(-1)  # (..., L, 1)
+    return clean(fq), clean(fk), value, poison.unsqueeze(-1)  # (..., L, 1)
 
 
 def _poisoned(out: torch.Tensor, poison: torch.Tensor | None) -> torch.Tensor:
@@ -202,8 +210,8 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """
     eps = _check_common(is_causal, normalize, eps)
     _check_qkv(query, key, value, causal=is_causal)
-    fq, fk = _features(_feature_map(feature_map), query, key)  # (..., L, Dphi), (..., S, Dphi)
-    fq, fk, value, poison = _clean(fq, fk, value, is_causal)  # a future key's NaN must not reach row i
+    # (..., L, Dphi), (..., S, Dphi): a future key's NaN must not reach row i
+    fq, fk, value, poison = _clean_features(_feature_map(feature_map), query, key, value, is_causal)
     check_fits(math.prod(fq.shape[:-1]) * fk.shape[-2] * fq.element_size(),
                f"linear_attention's (..., L, S) = {fmt_shape((*fq.shape[:-1], fk.shape[-2]))} kernel matrix "
                "(linear_attention_chunked or _recurrent need none)", fq.device)
@@ -279,8 +287,8 @@ def linear_attention_chunked(query: torch.Tensor, key: torch.Tensor, value: torc
     if query.shape[-2] != key.shape[-2]:
         raise ValueError(f"linear_attention_chunked needs L == S, got query {fmt_shape(query.shape)} and key "
                          f"{fmt_shape(key.shape)}")
-    fq, fk = _features(_feature_map(feature_map), query, key)  # (..., L, Dphi)
-    fq, fk, value, poison = _clean(fq, fk, value, True)  # a later key's NaN must not reach an earlier row
+    # (..., L, Dphi): a later key's NaN must not reach an earlier row
+    fq, fk, value, poison = _clean_features(_feature_map(feature_map), query, key, value, True)
     S_ = fk.new_zeros(*fk.shape[:-2], fk.shape[-1], value.shape[-1])  # (..., Dphi, Ev)
     z = fk.new_zeros(*fk.shape[:-2], fk.shape[-1])  # (..., Dphi)
     outs = []
