@@ -807,3 +807,24 @@ def test_issue37_linear_attention_chunked_takes_an_empty_sequence():
     x = torch.randn(2, 0, 4, dtype=torch.float64)
     out = la.linear_attention_chunked(x, x, x)
     assert out.shape == (2, 0, 4) and out.dtype == torch.float64
+
+
+def test_issue37_fuzz_oracle_of_a_learned_table_in_float16():
+    # was: `make fuzz` red: test_positional[LearnedPositionalEmbedding] drew init_std ~1e18 and a float16 x; the
+    # module gives inf (the table cast to float16, as documented) and the float64 oracle expected 8.0e18. The
+    # oracle now computes the documented float16 sum.
+    import numpy as np
+    from test_fuzz import positional_oracle
+
+    def close(got, want, tol, rtol=0.0):
+        np.testing.assert_allclose(got.detach().double().numpy(), want, atol=tol, rtol=rtol)
+
+    torch.manual_seed(0)
+    layer = positional.LearnedPositionalEmbedding(max_len=4, d_model=2, init_std=1e18).eval()
+    for x in (torch.zeros(1, 3, 2, dtype=torch.float16), torch.full((2, 3, 2), 6e4, dtype=torch.float16)):
+        out = layer(x, 1)
+        want = positional_oracle(layer, x, 1)
+        assert np.isinf(want).any()  # what float16 holds of 1e18
+        close(out, want, 1e-3, 1e-3)
+    x = torch.randn(2, 3, 2, dtype=torch.float64)  # float64 stays float64, the table's float32 digits exact
+    close(layer(x, 0), x.numpy() + layer.weight.detach()[:3].double().numpy(), 0.0)
