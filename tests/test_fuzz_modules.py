@@ -208,6 +208,8 @@ def _flex_oracle(q, k, v, score_mod, mask_mod, scale):
     if score_mod is not None:
         s = mm.dense_scores(score_mod, s)
     s = s.masked_fill(~keep, -math.inf)
+    if S == 0:  # no key: every row reads nothing, zeros
+        return torch.zeros(B, Hq, L, v.shape[-1], dtype=torch.float64).numpy()
     m = s.amax(-1, keepdim=True).nan_to_num(0.0, 0.0, 0.0).clamp_min(-1e300)
     p = (s - m).exp()
     p = p / p.sum(-1, keepdim=True).clamp_min(1e-300)
