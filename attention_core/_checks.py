@@ -308,3 +308,13 @@ def check_fits(nbytes: int, what: str, device: torch.device | str) -> None:
     if nbytes > 2**63 - 1 or (total is not None and nbytes > total):
         limit = "what a tensor can hold" if total is None else f"{total / 2**30:.1f} GiB of memory on {device}"
         raise TooLargeError(f"{what} would take {nbytes / 2**30:,.1f} GiB, more than {limit}")
+
+
+def check_tensors_fit(who: str, **tensors: torch.Tensor | None) -> None:
+    """Raise :class:`TooLargeError` for a tensor whose elements, as the computation reads them, would not fit in
+    its device's memory: a stride-0 view (``torch.zeros(1, 8).expand(2**40, 8)``) costs nothing to make but
+    stands for terabytes that every reduction and copy walks element by element (hours, before any answer)."""
+    for name, t in tensors.items():
+        if t is not None:
+            check_fits(t.numel() * t.element_size(),
+                       f"{who}'s {name} of shape {fmt_shape(t.shape)} ({t.numel():,} elements, as read)", t.device)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Poison", "all_finite", "check_on_host", "clean_and_poison", "empty_result"]
+__all__ = ["Poison", "all_finite", "bad_rows", "check_on_host", "clean_and_poison", "empty_result"]
 
 
 class Poison(NamedTuple):
@@ -165,6 +165,9 @@ def _bad_rows(t: torch.Tensor) -> torch.Tensor:
     if t.dtype in (torch.float16, torch.bfloat16):
         return (t * 0).sum(-1, dtype=torch.float32).isnan()
     return ~(t.amax(-1) < math.inf) | ~(t.amin(-1) > -math.inf)
+
+
+bad_rows = _bad_rows  # the public name, for the modules that apply the same policy (linear and flex attention)
 
 
 def empty_result(shape: tuple[int, ...], *inputs: torch.Tensor) -> torch.Tensor:

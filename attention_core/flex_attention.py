@@ -29,12 +29,34 @@ masked, or every score set to ``-inf`` by the ``score_mod``) gives zeros, and no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from attention_core.mask_mods import MaskMod, ScoreMod, dense_mask, dense_scores, noop_mask
+from attention_core._checks import (
+    check_bool_flag,
+    check_device,
+    check_fits,
+    check_floating,
+    check_same_device,
+    check_same_dtype,
+    check_scale,
+    check_tensor,
+    fmt_shape,
+    short_repr,
+)
+from attention_core._nonfinite import all_finite, bad_rows, empty_result
+from attention_core.mask_mods import (
+    MaskMod,
+    ScoreMod,
+    call_mask_mod,
+    dense_mask,
+    dense_scores,
+    index_grids,
+    noop_mask,
+)
 
 __all__ = ["BlockMask", "create_block_mask", "flex_attention"]
 
@@ -160,9 +182,15 @@ def create_block_mask(
     Bq, Bk = _block_size(BLOCK_SIZE)
     Bm, Hm, L, S = B or 1, H or 1, Q_LEN, KV_LEN
     nQ, nK = -(-L // Bq), -(-S // Bk)
+    # two bool grids and two int32 index tensors of (Bm, Hm, nQ, nK), and the sort's int64 indices
+    device = check_device(device) or torch.device("cpu")
+    check_fits(Bm * Hm * nQ * nK * 18, f"create_block_mask's (B, H, nQ, nK) = ({Bm}, {Hm}, {nQ}, {nK}) tile tables",
+               device)
     any_ = torch.zeros(Bm, Hm, nQ, nK, dtype=torch.bool, device=device)
     all_ = torch.zeros(Bm, Hm, nQ, nK, dtype=torch.bool, device=device)
     tiles_per_slab = max(1, _SLAB // max(1, Bq * nK * Bk))  # query tiles evaluated at once
+    check_fits(2 * min(nQ, tiles_per_slab) * Bq * nK * Bk, f"create_block_mask's padded slab of "
+               f"{min(nQ, tiles_per_slab)} tiles of BLOCK_SIZE = {(Bq, Bk)} by {nK} key tiles", device)
     kv = torch.arange(S, device=device)
     for b in range(Bm):
         for h in range(Hm):
@@ -170,11 +198,7 @@ def create_block_mask(
             for t0 in range(0, nQ, tiles_per_slab):
                 t1 = min(nQ, t0 + tiles_per_slab)
                 q = torch.arange(t0 * Bq, min(L, t1 * Bq), device=device)
-                keep = mask_mod(bt, ht, q[:, None], kv[None, :])  # (rows, S)
-                if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
-                    raise TypeError(f"a mask_mod must return a bool tensor, got {type(keep).__name__} "
-                                    f"{getattr(keep, 'dtype', '')}")
-                keep = keep.expand(len(q), S)
+                keep = call_mask_mod(mask_mod, bt, ht, q[:, None], kv[None, :], (len(q), S))  # (rows, S)
                 pad = (0, nK * Bk - S, 0, (t1 - t0) * Bq - len(q))  # ragged edges: outside pairs are neither
                 tiles_any = F.pad(keep, pad, value=False).view(t1 - t0, Bq, nK, Bk)
                 tiles_all = F.pad(keep, pad, value=True).view(t1 - t0, Bq, nK, Bk)
@@ -191,17 +215,25 @@ def create_block_mask(
 
 
 def _check_inputs(query, key, value, block_mask, scale, enable_gqa) -> tuple[int, int, int, int]:
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
-            raise ValueError(f"{name} must be a 4-D floating tensor (B, H, L or S, E), got "
-                             f"{getattr(t, 'shape', type(t).__name__)}")
+    named = {"query": query, "key": key, "value": value}
+    for name, t in named.items():
+        check_tensor(t, name)
+        check_floating(t, name)
+    for name, t in named.items():
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D floating tensor (B, H, L or S, E), got shape "
+                             f"{fmt_shape(t.shape)}")
+    check_same_dtype(**named)
+    check_same_device(**named)
+    check_bool_flag(enable_gqa, "enable_gqa")
     B, Hq, L, E = query.shape
     Bk, H, S, Ek = key.shape
+    if E == 0:  # as the core's scaled_dot_product_attention: nothing to compare a query with a key on
+        raise ValueError(f"query and key must have at least one feature (E >= 1 in dim -1) to be compared: got "
+                         f"query {fmt_shape(query.shape)}, key {fmt_shape(key.shape)}")
     if Bk != B or value.shape[0] != B or value.shape[1] != H or value.shape[2] != S or Ek != E:
         raise ValueError(f"shapes must be query (B, Hq, L, E), key (B, H, S, E), value (B, H, S, Ev); got "
                          f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(f"query, key, value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
     if Hq != H and not (enable_gqa and H > 0 and Hq % H == 0):
         raise ValueError(f"query has {Hq} heads and key/value {H}: equal, or enable_gqa=True with Hq % H == 0")
     if block_mask is not None:
@@ -211,9 +243,87 @@ def _check_inputs(query, key, value, block_mask, scale, enable_gqa) -> tuple[int
         if (Lm, Sm) != (L, S) or Bm not in (1, B) or Hm not in (1, Hq):
             raise ValueError(f"block_mask of shape {block_mask.shape} does not fit query/key (B={B}, Hq={Hq}, "
                              f"L={L}, S={S}): it needs (1 or B, 1 or Hq, L, S)")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale must be a number or None, got {scale!r}")
+        check_same_device(query=query, block_mask=block_mask.kv_num_blocks)
+    scale = check_scale(scale, positive=False)  # any finite number, as the core's SDPA takes
+    # refuse what cannot fit before any work: the output, and each input as it is read (a stride-0 expand of a
+    # tiny storage can stand for terabytes that every backend reads, element by element)
+    shapes = {name: tuple(t.shape) for name, t in named.items()} | {"the output": (B, Hq, L, value.shape[-1])}
+    for name, shape in shapes.items():
+        check_fits(math.prod(shape) * query.element_size(), f"flex_attention's {name} of shape {fmt_shape(shape)}",
+                   query.device)
     return B, Hq, L, S
+
+
+def _check_captured(score_mod, block_mask, B: int, Hq: int, L: int, S: int, device: torch.device) -> None:
+    """The library's mods index tensors they captured by head, batch row or position: refuse one too short for
+    these inputs (torch's FlexAttention raises an IndexError in eager mode; a compiled kernel would read past
+    the tensor), or on another device, naming the tensor and what it must cover."""
+    checks = []  # (mod, captured name, tensor, dim, needed, what)
+    kind = getattr(score_mod, "flex_kind", None) or ()
+    if kind[:1] == ("alibi",):
+        checks.append(("alibi", "slopes", kind[1], 0, Hq, "query heads (slopes[h])"))
+    elif kind[:1] == ("relative_position_bias",):
+        checks.append(("relative_position_bias", "table", kind[1], 0, Hq, "query heads (table[h])"))
+    kinds = [getattr(block_mask, "mask_mod", None) and getattr(block_mask.mask_mod, "flex_kind", None) or ()]
+    while kinds:
+        k = kinds.pop()
+        if k and k[0] in ("and", "or"):
+            kinds.extend(x for x in k[1:] if x)
+        elif k and k[0] == "document":
+            ids = k[1]
+            checks.append(("document", "document_ids", ids, -1, max(L, S), "positions (max(L, S))"))
+            if ids.dim() == 2:
+                checks.append(("document", "document_ids", ids, 0, B, "batch rows (ids[b])"))
+    for mod, name, t, dim, needed, what in checks:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.device != device:
+            raise ValueError(f"the {mod} mod's captured {name} is on {t.device}, the query on {device}: move one")
+        if t.shape[dim] < needed:
+            raise ValueError(f"the {mod} mod's captured {name} of shape {fmt_shape(t.shape)} covers {t.shape[dim]} "
+                             f"{what.split(' (')[0]} in dim {dim}, fewer than the {needed} {what} of these inputs")
+
+
+def _nonfinite(query, key, value, block_mask):
+    """The non-finite policy of :func:`attention_core.scaled_dot_product_attention`, with the block mask's
+    predicate saying which keys a row reads: a NaN or inf in query row ``i`` makes output row ``i`` NaN (if it
+    reads any key); one in key or value row ``j`` makes NaN exactly the rows whose ``mask_mod`` keeps ``j``.
+    Returns the inputs with their bad rows zeroed (so no backend computes ``0 * NaN`` for a masked pair, forward
+    or backward) and the (B, H, L, 1) NaN-or-0 tensor to add to the output (``None`` when all is finite).
+
+    Finding the bad keys is data-dependent (a ``nonzero``): under ``torch.compile`` and ``torch.func`` transforms
+    the inputs are passed on as they are, and a masked pair's NaN may then reach its row."""
+    if torch.compiler.is_compiling() or any(torch._C._functorch.is_functorch_wrapped_tensor(t)
+                                             for t in (query, key, value)):
+        return query, key, value, None  # which keys are bad is data-dependent: traced graphs compute as given
+    if bool(all_finite(query, key, value, None)):  # free on the CPU, one synchronisation on a GPU
+        return query, key, value, None
+    B, H, L, _ = query.shape
+    S = key.shape[2]
+    mask_mod = noop_mask if block_mask is None else block_mask.mask_mod
+    b, h, q, _ = index_grids(B, H, L, 0, query.device)  # (B, 1, 1, 1), (1, H, 1, 1), (1, 1, L, 1)
+    bad_kv = bad_rows(key) | bad_rows(value)  # (B, H, S)
+    bad_q = bad_rows(query)  # (B, H, L)
+    rows = torch.zeros(B, H, L, dtype=torch.bool, device=query.device)
+    step = max(1, _SLAB // max(1, B * H * L))  # key columns per evaluation of the predicate
+    cols = bad_kv.flatten(0, 1).any(0).nonzero().flatten()  # the key positions bad somewhere
+    for c0 in range(0, cols.numel(), step):
+        c = cols[c0:c0 + step]
+        keep = call_mask_mod(mask_mod, b, h, q, c.view(1, 1, 1, -1), (B, H, L, c.numel()))  # (B, H, L, c)
+        rows |= (keep & bad_kv[:, :, None, c]).any(-1)  # reads a bad key or value
+    bad = bad_q.nonzero()  # (n, 3): (b, h, i) of the bad query rows; each poisons its row if it reads some key
+    kv = torch.arange(S, device=query.device).view(1, S)
+    step = max(1, _SLAB // max(1, S))
+    for n0 in range(0, bad.shape[0], step):
+        bi, hi, qi = (x.view(-1, 1) for x in bad[n0:n0 + step].unbind(1))  # (n, 1) each
+        alive = call_mask_mod(mask_mod, bi, hi, qi, kv, (bi.shape[0], S)).any(-1)  # (n,)
+        rows[bi[:, 0], hi[:, 0], qi[:, 0]] |= alive
+    poison = torch.zeros(B, H, L, 1, dtype=query.dtype, device=query.device).masked_fill(rows[..., None], math.nan)
+
+    def clean(t: torch.Tensor) -> torch.Tensor:
+        return t.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+    return clean(query), clean(key), clean(value), poison
 
 
 def flex_attention(
@@ -251,22 +361,30 @@ def flex_attention(
     B, Hq, L, S = _check_inputs(query, key, value, block_mask, scale, enable_gqa)
     if score_mod is not None and not callable(score_mod):
         raise TypeError(f"score_mod must be callable or None, got {type(score_mod).__name__}")
+    if backend not in ("chunked", "reference", "triton"):
+        raise ValueError(f"backend must be 'chunked', 'reference' or 'triton', got {short_repr(backend)}")
+    _check_captured(score_mod, block_mask, B, Hq, L, S, query.device)
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     H = key.shape[1]
+    if query.device.type == "meta":  # no values: the shape, dtype and device of the answer
+        return query.new_empty(B, Hq, L, value.shape[-1])
+    if B * Hq * L * value.shape[-1] == 0:  # nothing to compute (S = 0 is computed: rows that read nothing)
+        return empty_result((B, Hq, L, value.shape[-1]), query, key, value)
     if Hq != H:  # GQA: each key/value head serves Hq / H query heads; autograd sums their gradients
         key = key.repeat_interleave(Hq // H, dim=1)  # (B, H, S, E) -> (B, Hq, S, E)
         value = value.repeat_interleave(Hq // H, dim=1)  # (B, H, S, Ev) -> (B, Hq, S, Ev)
+    query, key, value, poison = _nonfinite(query, key, value, block_mask)
     if backend == "reference":
-        return _reference(query, key, value, score_mod, block_mask, scale)
-    if backend == "chunked":
+        out = _reference(query, key, value, score_mod, block_mask, scale)
+    elif backend == "chunked":
         from attention_core.backends.chunked_flex import chunked_flex_attention
 
-        return chunked_flex_attention(query, key, value, score_mod, block_mask, scale)
-    if backend == "triton":
+        out = chunked_flex_attention(query, key, value, score_mod, block_mask, scale)
+    else:
         from attention_core.backends.triton_flex import triton_flex_attention
 
-        return triton_flex_attention(query, key, value, score_mod, block_mask, scale)
-    raise ValueError(f"backend must be 'chunked', 'reference' or 'triton', got {backend!r}")
+        out = triton_flex_attention(query, key, value, score_mod, block_mask, scale)
+    return out if poison is None else out + poison  # NaN in the rows that read a bad entry, + 0 elsewhere
 
 
 def _reference(query, key, value, score_mod, block_mask, scale) -> torch.Tensor:

@@ -37,6 +37,7 @@ from attention_core._checks import (
     check_same_dtype,
     check_scale,
     check_tensor,
+    check_tensors_fit,
     fmt_shape,
     short_repr,
 )
@@ -139,6 +140,8 @@ def _attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
     check_bool_flag(need_weights, "need_weights")
     L, S, Ev = p.query.shape[-2], p.key.shape[-2], p.value.shape[-1]
     out_shape, weights_shape = (*p.lead, L, Ev), (*p.lead, L, S)
+    check_fits(math.prod(out_shape) * query.element_size(), f"the output {fmt_shape(out_shape)}",
+               query.device)  # before any pass over the inputs (a stride-0 view can stand for terabytes)
     if math.prod(out_shape) == 0 and (not need_weights or math.prod(weights_shape) == 0):
         # nothing to compute (a 0-sized batch, head, L, or Ev without weights): no backend needed
         return (empty_result(out_shape, query, key, value),
@@ -235,6 +238,7 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
     check_floating(scores, "scores")
     if scores.dim() == 0:
         raise ValueError("scores must have at least 1 dim (the one that sums to 1), got a 0-d tensor")
+    check_tensors_fit("masked_softmax", scores=scores)  # the output has the scores' shape
     n = scores.dim()
     check_int(dim, "dim", low=-n, high=n, high_open=True)
     if mask is not None:
@@ -298,6 +302,7 @@ def _prepare(
     named = {"query": query, "key": key} if value is None else {"query": query, "key": key, "value": value}
     for name, t in named.items():
         check_tensor(t, name)
+    check_tensors_fit("attention", **named)  # read element by element: refuse what cannot fit, before any work
     check_floating(query, "query")
     check_same_dtype(**named)
     check_same_device(**named)
@@ -340,6 +345,7 @@ def _prepare(
             )
         check_min_rank(attn_mask, "attn_mask", 2, "(..., L, S)")
         check_mask_broadcasts(attn_mask, "attn_mask", (*lead, L, S), "(..., Hq, L, S)")
+        check_tensors_fit("attention", attn_mask=attn_mask)
     v = None if value is None else _to_4d(value, lead, enable_gqa)
     return _Prepared(
         query=_to_4d(query, lead, enable_gqa),

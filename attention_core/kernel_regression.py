@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from attention_core._checks import (
+    check_fits,
     check_floating,
     check_int,
     check_same_device,
@@ -238,15 +239,26 @@ def nadaraya_watson_weights(
     _check_mask(attn_mask, queries, q.shape[0], k.shape[0])
     if isinstance(bandwidth, torch.Tensor) and bandwidth.device.type == "meta" != q.device.type:
         raise ValueError(f"bandwidth is on the meta device (no value) but queries are on {q.device}")
+    check_fits(q.shape[0] * k.shape[0] * max(1, q.shape[1]) * q.element_size(),
+               f"nadaraya_watson's (L, S, d) = ({q.shape[0]}, {k.shape[0]}, {q.shape[1]}) differences", q.device)
+    h = torch.as_tensor(bandwidth, dtype=q.dtype, device=q.device)
+    if h.device.type != "meta" and not bool(h.detach() > 0):
+        tiny = torch.finfo(q.dtype).smallest_normal * torch.finfo(q.dtype).eps  # the smallest subnormal
+        raise ValueError(f"bandwidth {short_repr(float(bandwidth))} is 0 in the queries' dtype {q.dtype} (below its "
+                         f"smallest positive value, {tiny:.3g}): pass a larger bandwidth or float64 queries")
     diff = q.unsqueeze(1) - k.unsqueeze(0)  # (L, 1, d) - (1, S, d) -> (L, S, d)
     sq_dist = diff.pow(2).sum(-1)  # (L, S, d) -> (L, S)
-    h = torch.as_tensor(bandwidth, dtype=q.dtype, device=q.device)
     if kernel == "gaussian":
-        # exp(-d^2 / 2h^2) / sum_j exp(-d_j^2 / 2h^2) is a softmax of the score -d^2 / 2h^2.
-        scores = -sq_dist / (2.0 * h * h)  # (L, S)
+        # exp(-d^2 / 2h^2) / sum_j exp(-d_j^2 / 2h^2) is a softmax of the score -d^2 / 2h^2, unchanged when every
+        # key's d^2 drops by the nearest one's: then a bandwidth so small that d^2 / h^2 overflows still gives
+        # the nearest keys weight (the h -> 0 limit, nearest neighbours), not a row of -inf (zeros)
+        near = sq_dist if attn_mask is None else sq_dist.masked_fill(~attn_mask, math.inf)
+        near = near.detach().amin(-1, keepdim=True)  # (L, 1), the nearest key each query reads
+        near = torch.where(torch.isfinite(near), near, 0.0)  # no key, or a NaN/inf one: no shift
+        scores = -((sq_dist - near) / h / h) / 2.0  # (L, S); / h / h: h * h underflows to 0 first, d / h does not
         return masked_softmax(scores, attn_mask, dim=-1)
     # Kernels with compact support: K(u), u = ||q - k|| / h, evaluated from u^2 (finite gradients at q = k).
-    w = _PROFILES[kernel](sq_dist / (h * h))  # (L, S)
+    w = _PROFILES[kernel](sq_dist / h / h)  # (L, S)
     if attn_mask is not None:
         w = w.masked_fill(~attn_mask, 0.0)
     total = w.sum(dim=-1, keepdim=True)  # (L, 1)

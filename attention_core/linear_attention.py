@@ -32,16 +32,20 @@ import torch.nn.functional as F
 
 from attention_core._checks import (
     check_bool_flag,
+    check_fits,
     check_floating,
+    check_floating_dtype,
     check_min_rank,
     check_positive_float,
     check_positive_int,
     check_same_device,
     check_same_dtype,
     check_tensor,
+    check_tensors_fit,
     fmt_shape,
     short_repr,
 )
+from attention_core._nonfinite import all_finite, bad_rows, check_on_host
 
 __all__ = [
     "FEATURE_MAPS",
@@ -103,6 +107,24 @@ def _feature_map(feature_map: FeatureMap) -> Callable[[torch.Tensor], torch.Tens
     return feature_map
 
 
+def _features(phi: Callable[[torch.Tensor], torch.Tensor], query: torch.Tensor, key: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``phi(query)``, ``phi(key)``, checked: floating tensors (..., L, Dphi) and (..., S, Dphi) of the inputs'
+    leading dims, one dtype and device, the same Dphi; else a ``TypeError``/``ValueError`` naming feature_map."""
+    fq, fk = phi(query), phi(key)  # (..., L, Dphi), (..., S, Dphi)
+    for name, f, x in (("query", fq, query), ("key", fk, key)):
+        if not isinstance(f, torch.Tensor) or not f.is_floating_point():
+            raise TypeError(f"feature_map must return a floating tensor, got {type(f).__name__} "
+                            f"{getattr(f, 'dtype', '')} for the {name}")
+        if f.shape[:-1] != x.shape[:-1] or f.dim() != x.dim():
+            raise ValueError(f"feature_map must map (..., N, E) to (..., N, Dphi), got {fmt_shape(f.shape)} for the "
+                             f"{name} of shape {fmt_shape(x.shape)}")
+    if fq.shape[-1] != fk.shape[-1] or fq.dtype != fk.dtype or fq.device != fk.device:
+        raise ValueError(f"feature_map must give the query and the key features of one size, dtype and device, "
+                         f"got {fmt_shape(fq.shape)} {fq.dtype} and {fmt_shape(fk.shape)} {fk.dtype}")
+    return fq, fk
+
+
 def _check_qkv(query: object, key: object, value: object, *, causal: bool) -> None:
     for name, t in (("query", query), ("key", key), ("value", value)):
         check_tensor(t, name)
@@ -119,6 +141,7 @@ def _check_qkv(query: object, key: object, value: object, *, causal: bool) -> No
     if query.shape[:-2] != key.shape[:-2]:
         raise ValueError(f"query and key must share the batch dims, got query {fmt_shape(query.shape)} and key "
                          f"{fmt_shape(key.shape)}")
+    check_tensors_fit("linear attention", query=query, key=key, value=value)  # read element by element
     if causal and query.shape[-2] > key.shape[-2]:
         raise ValueError(f"causal linear attention needs L <= S (query i reads keys 0..i), got L = "
                          f"{query.shape[-2]} and S = {key.shape[-2]}")
@@ -132,6 +155,42 @@ def _check_common(is_causal: object, normalize: object, eps: object) -> float:
 
 def _normalized(num: torch.Tensor, den: torch.Tensor | None, eps: float) -> torch.Tensor:
     return num if den is None else num / (den.unsqueeze(-1) + eps)
+
+
+def _clean_features(phi: Callable[[torch.Tensor], torch.Tensor], query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, causal: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``phi(query)``, ``phi(key)`` and ``value`` under the non-finite policy of the parallel and chunked forms,
+    which is the recurrent form's: a NaN or inf in ``phi(q_i)`` makes row ``i`` NaN; one in ``phi(k_j)`` or
+    ``v_j`` makes NaN every row that reads key ``j`` (rows ``i >= j`` if causal, every row if not), and no
+    other. A masked product ``0 * NaN`` is NaN, so the bad rows are zeroed before any product (in the inputs,
+    so that no gradient passes through a NaN either) and the NaN is put back afterwards. Returns the features,
+    the value and the (..., L, 1) NaN-or-0 tensor to add to the output (``None`` when all is finite).
+    A poisoned row is NaN in every column, as in :func:`attention_core.scaled_dot_product_attention` (the
+    recurrent form's running sums may keep a value's NaN in its own column, or give inf: the same rows)."""
+    fq, fk = _features(phi, query, key)  # (..., L, Dphi), (..., S, Dphi)
+    if check_on_host(fq, fk, value) and bool(all_finite(fq, fk, value, None)):
+        return fq, fk, value, None
+    L, S = fq.shape[-2], fk.shape[-2]
+    bad_q = bad_rows(fq)  # (..., L); a -inf key is no bad row when its feature is finite (elu + 1 gives 0)
+    bad_kv = bad_rows(fk) | bad_rows(value)  # (..., S): the key's features or its value hold a NaN or inf
+    fq, fk = _features(phi, query.masked_fill(bad_q[..., None], 0.0), key.masked_fill(bad_kv[..., None], 0.0))
+    value = value.masked_fill(bad_kv[..., None], 0.0)
+    if causal:  # row i reads keys 0..i: a prefix "any"
+        reads_bad = (bad_kv.to(torch.int32).cumsum(-1) > 0)[..., :L]  # (..., L)
+    else:  # every row reads every key
+        reads_bad = bad_kv.any(-1, keepdim=True).expand(*bad_kv.shape[:-1], L)  # (..., L)
+    rows = (bad_q & (S > 0)) | reads_bad  # (..., L); a row that reads no key stays zeros
+    poison = torch.zeros(rows.shape, dtype=value.dtype, device=value.device).masked_fill(rows, math.nan)
+
+    def clean(t: torch.Tensor) -> torch.Tensor:  # a map that is not finite at 0 either
+        return t.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+    return clean(fq), clean(fk), value, poison.unsqueeze(-1)  # (..., L, 1)
+
+
+def _poisoned(out: torch.Tensor, poison: torch.Tensor | None) -> torch.Tensor:
+    return out if poison is None else out + poison.to(out.dtype)  # NaN in the poisoned rows, + 0 elsewhere
 
 
 def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False,
@@ -151,13 +210,16 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """
     eps = _check_common(is_causal, normalize, eps)
     _check_qkv(query, key, value, causal=is_causal)
-    phi = _feature_map(feature_map)
-    fq, fk = phi(query), phi(key)  # (..., L, Dphi), (..., S, Dphi)
+    # (..., L, Dphi), (..., S, Dphi): a future key's NaN must not reach row i
+    fq, fk, value, poison = _clean_features(_feature_map(feature_map), query, key, value, is_causal)
+    check_fits(math.prod(fq.shape[:-1]) * fk.shape[-2] * fq.element_size(),
+               f"linear_attention's (..., L, S) = {fmt_shape((*fq.shape[:-1], fk.shape[-2]))} kernel matrix "
+               "(linear_attention_chunked or _recurrent need none)", fq.device)
     A = fq @ fk.transpose(-2, -1)  # (..., L, Dphi) @ (..., Dphi, S) -> (..., L, S)
     if is_causal:
         L, S = A.shape[-2:]
         A = A * torch.ones(L, S, dtype=torch.bool, device=A.device).tril()
-    return _normalized(A @ value, A.sum(-1) if normalize else None, eps)  # (..., L, Ev)
+    return _poisoned(_normalized(A @ value, A.sum(-1) if normalize else None, eps), poison)  # (..., L, Ev)
 
 
 def linear_attention_recurrent(
@@ -176,8 +238,7 @@ def linear_attention_recurrent(
     """
     eps = _check_common(is_causal, normalize, eps)
     _check_qkv(query, key, value, causal=is_causal)
-    phi = _feature_map(feature_map)
-    fq, fk = phi(query), phi(key)  # (..., L, Dphi), (..., S, Dphi)
+    fq, fk = _features(_feature_map(feature_map), query, key)  # (..., L, Dphi), (..., S, Dphi)
     if state is None:
         S_ = fk.new_zeros(*fk.shape[:-2], fk.shape[-1], value.shape[-1])  # (..., Dphi, Ev)
         z = fk.new_zeros(*fk.shape[:-2], fk.shape[-1])  # (..., Dphi)
@@ -185,6 +246,16 @@ def linear_attention_recurrent(
         if not isinstance(state, LinearAttentionState):
             raise TypeError(f"state must be a LinearAttentionState or None, got {type(state).__name__}")
         S_, z = state.S, state.z
+        want = {"S": (*fk.shape[:-2], fk.shape[-1], value.shape[-1]), "z": (*fk.shape[:-2], fk.shape[-1])}
+        for name, t in (("S", S_), ("z", z)):
+            check_tensor(t, f"state.{name}")
+            if tuple(t.shape) != want[name]:
+                layout = "(..., Dphi, Ev)" if name == "S" else "(..., Dphi)"
+                raise ValueError(f"state.{name} must have shape {want[name]} {layout} for these inputs, got "
+                                 f"{fmt_shape(t.shape)}")
+            if t.dtype != fk.dtype or t.device != fk.device:
+                raise TypeError(f"state.{name} must have the features' dtype {fk.dtype} on {fk.device}, got "
+                                f"{t.dtype} on {t.device}")
     outs = []
 
     def read(i: int) -> torch.Tensor:
@@ -216,8 +287,8 @@ def linear_attention_chunked(query: torch.Tensor, key: torch.Tensor, value: torc
     if query.shape[-2] != key.shape[-2]:
         raise ValueError(f"linear_attention_chunked needs L == S, got query {fmt_shape(query.shape)} and key "
                          f"{fmt_shape(key.shape)}")
-    phi = _feature_map(feature_map)
-    fq, fk = phi(query), phi(key)  # (..., L, Dphi)
+    # (..., L, Dphi): a later key's NaN must not reach an earlier row
+    fq, fk, value, poison = _clean_features(_feature_map(feature_map), query, key, value, True)
     S_ = fk.new_zeros(*fk.shape[:-2], fk.shape[-1], value.shape[-1])  # (..., Dphi, Ev)
     z = fk.new_zeros(*fk.shape[:-2], fk.shape[-1])  # (..., Dphi)
     outs = []
@@ -230,7 +301,8 @@ def linear_attention_chunked(query: torch.Tensor, key: torch.Tensor, value: torc
         outs.append(_normalized(num, den, eps))
         S_ = S_ + k.transpose(-2, -1) @ v  # (..., Dphi, C) @ (..., C, Ev)
         z = z + k.sum(-2)
-    return torch.cat(outs, dim=-2)  # (..., L, Ev)
+    out = torch.cat(outs, dim=-2) if outs else value.new_zeros(*fq.shape[:-1], value.shape[-1])  # (..., L, Ev)
+    return _poisoned(out, poison)
 
 
 def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta: float | torch.Tensor = 1.0, *,
@@ -258,6 +330,12 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
         if beta.shape != key.shape[:-1]:
             raise ValueError(f"beta as a tensor must have shape (..., L) = {fmt_shape(key.shape[:-1])}, got "
                              f"{fmt_shape(beta.shape)}")
+        if not beta.is_floating_point() or beta.device != key.device:
+            raise TypeError(f"beta as a tensor must be floating, on the key's device {key.device}, got {beta.dtype} "
+                            f"on {beta.device}")
+        if beta.device.type != "meta" and not bool(((beta >= 0) & (beta <= 2)).all()):
+            raise ValueError("beta must be in [0, 2] (beyond 2 the write overshoots and diverges; NaN is no "
+                             f"strength), got values from {float(beta.min()):g} to {float(beta.max()):g}")
         betas = beta.to(key.dtype)
     else:
         b = check_positive_float(beta, "beta", allow_zero=True)
@@ -271,6 +349,9 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
         want = (*key.shape[:-2], value.shape[-1], key.shape[-1])
         if tuple(state.shape) != want:
             raise ValueError(f"state must have shape (..., Ev, E) = {want}, got {fmt_shape(state.shape)}")
+        if state.dtype != key.dtype or state.device != key.device:
+            raise TypeError(f"state must have the key's dtype {key.dtype} on {key.device}, got {state.dtype} on "
+                            f"{state.device}")
     outs = []
     for j in range(L):
         k, v = key[..., j, :], value[..., j, :]  # (..., E), (..., Ev)
@@ -286,9 +367,18 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
 
 def softmax_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``exp(x . y)`` over the last dim: x (..., d), y (..., d) -> (...)."""
-    check_tensor(x, "x")
-    check_tensor(y, "y")
+    _check_pair(x, y)
     return torch.exp((x * y).sum(-1))
+
+
+def _check_pair(x: object, y: object) -> None:
+    for name, t in (("x", x), ("y", y)):
+        check_tensor(t, name)
+        check_floating(t, name)
+    check_same_dtype(x=x, y=y)
+    check_same_device(x=x, y=y)
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have one shape (..., d), got x {fmt_shape(x.shape)} and y {fmt_shape(y.shape)}")
 
 
 def draw_omega(num_features: int, dim: int, *, generator: torch.Generator | None = None,
@@ -296,6 +386,10 @@ def draw_omega(num_features: int, dim: int, *, generator: torch.Generator | None
     """``num_features`` i.i.d. standard normal directions, (m, d): the random projections of both estimators."""
     m = check_positive_int(num_features, "num_features")
     d = check_positive_int(dim, "dim")
+    check_floating_dtype(dtype)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    check_fits(m * d * torch.empty((), dtype=dtype).element_size(), f"draw_omega's (m, d) = ({m}, {d})", "cpu")
     return torch.randn(m, d, generator=generator, dtype=dtype)
 
 
@@ -342,8 +436,7 @@ def performer_variance(x: torch.Tensor, y: torch.Tensor, num_features: int, kind
 
     x, y: (..., d) -> (...).
     """
-    check_tensor(x, "x")
-    check_tensor(y, "y")
+    _check_pair(x, y)
     m = check_positive_int(num_features, "num_features")
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {short_repr(kind)}")

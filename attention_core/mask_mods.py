@@ -346,17 +346,63 @@ def index_grids(B: int, H: int, L: int, S: int, device=None) -> tuple[torch.Tens
     return b, h, q, kv
 
 
+def _mod_name(mod) -> str:
+    return str(getattr(mod, "__name__", type(mod).__name__))
+
+
+def call_mask_mod(mask_mod: MaskMod, b, h, q_idx, kv_idx, shape: tuple[int, ...]) -> torch.Tensor:
+    """``mask_mod(b, h, q_idx, kv_idx)`` checked: a bool tensor that broadcasts to ``shape`` (the grids'
+    broadcast), else a ``TypeError``/``ValueError`` naming the mod; an ``IndexError`` or ``RuntimeError`` inside
+    it (a captured tensor shorter than the positions, batch rows or heads asked for) becomes a ``ValueError``
+    that says which grids it was called on. Returns the answer broadcast to ``shape`` (a view)."""
+    try:
+        keep = mask_mod(b, h, q_idx, kv_idx)
+    except (IndexError, RuntimeError) as err:
+        raise ValueError(_failed("mask_mod", mask_mod, err, b, h, q_idx, kv_idx)) from err
+    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
+        raise TypeError(f"a mask_mod must return a bool tensor, {_mod_name(mask_mod)} returned "
+                        f"{type(keep).__name__} {getattr(keep, 'dtype', '')}")
+    return _broadcast(keep, shape, "mask_mod", mask_mod)
+
+
+def call_score_mod(score_mod: ScoreMod, score: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
+    """``score_mod(score, b, h, q_idx, kv_idx)`` checked as :func:`call_mask_mod` checks a mask_mod: a floating
+    tensor that broadcasts to ``score``'s shape (returned broadcast to it)."""
+    try:
+        out = score_mod(score, b, h, q_idx, kv_idx)
+    except (IndexError, RuntimeError) as err:
+        raise ValueError(_failed("score_mod", score_mod, err, b, h, q_idx, kv_idx)) from err
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        raise TypeError(f"a score_mod must return a floating tensor (the edited score), {_mod_name(score_mod)} "
+                        f"returned {type(out).__name__} {getattr(out, 'dtype', '')}")
+    return _broadcast(out, tuple(score.shape), "score_mod", score_mod)
+
+
+def _failed(kind: str, mod, err: Exception, b, h, q_idx, kv_idx) -> str:
+    def span(t) -> str:
+        return f"{int(t.min())}..{int(t.max())}" if isinstance(t, torch.Tensor) and t.numel() and \
+            t.device.type != "meta" else "-"
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return (f"{kind} {_mod_name(mod)} failed on b in {span(b)}, h in {span(h)}, q_idx in {span(q_idx)}, "
+            f"kv_idx in {span(kv_idx)}: {reason} (a tensor it captured may cover fewer batch rows, heads or "
+            f"positions than these inputs)")
+
+
+def _broadcast(x: torch.Tensor, shape: tuple[int, ...], kind: str, mod) -> torch.Tensor:
+    try:
+        return x.expand(shape) if tuple(x.shape) != tuple(shape) else x
+    except RuntimeError:
+        raise ValueError(f"{kind} {_mod_name(mod)} returned shape {tuple(x.shape)}, which does not broadcast to "
+                         f"{tuple(shape)} (the broadcast of its index arguments)") from None
+
+
 def dense_mask(mask_mod: MaskMod, B: int, H: int, L: int, S: int, device=None) -> torch.Tensor:
     """The mod evaluated on every pair: bool (B, H, L, S), True = attend. O(B H L S) memory: for tests and small
     pictures; use :func:`attention_core.flex_attention.create_block_mask` for attention."""
-    keep = mask_mod(*index_grids(B, H, L, S, device))
-    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
-        raise TypeError(f"a mask_mod must return a bool tensor, {getattr(mask_mod, '__name__', mask_mod)} "
-                        f"returned {type(keep).__name__} {getattr(keep, 'dtype', '')}")
-    return keep.expand(B, H, L, S)
+    return call_mask_mod(mask_mod, *index_grids(B, H, L, S, device), (B, H, L, S))
 
 
 def dense_scores(score_mod: ScoreMod, scores: torch.Tensor) -> torch.Tensor:
     """The score mod applied to a full (B, H, L, S) score tensor (differentiable, as the mod is)."""
     B, H, L, S = scores.shape
-    return score_mod(scores, *index_grids(B, H, L, S, scores.device)).expand(B, H, L, S)
+    return call_score_mod(score_mod, scores, *index_grids(B, H, L, S, scores.device))

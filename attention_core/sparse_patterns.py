@@ -29,7 +29,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape, short_repr
+from attention_core._checks import (
+    check_bool_flag,
+    check_fits,
+    check_positive_int,
+    check_tensor,
+    fmt_shape,
+    short_repr,
+)
+from attention_core.mask_mods import call_mask_mod
 
 __all__ = [
     "PATTERNS",
@@ -54,6 +62,11 @@ def _check_globals(global_tokens: object) -> tuple[int, ...]:
     if isinstance(global_tokens, (str, bytes)) or not isinstance(global_tokens, Sequence):
         raise TypeError(f"global_tokens must be a sequence of ints, got {type(global_tokens).__name__}")
     return tuple(check_positive_int(g, "global_tokens[i]", allow_zero=True) for g in global_tokens)
+
+
+def _check_dense(L: int, S: int, who: str, per: int = 1) -> None:
+    """Refuse, before allocating, an (L, S) dense mask (``per`` bytes a pair) that cannot fit in memory."""
+    check_fits(L * S * per, f"{who}'s dense (L, S) = ({L}, {S}) mask", "cpu")
 
 
 def _causal(q_idx: torch.Tensor, kv_idx: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -118,6 +131,9 @@ def bigbird_mod(L: int, window: int, global_tokens: Sequence[int] = (0,), num_ra
     the keys the query may see if causal), fixed when the mod is built: for sequences up to ``L`` positions."""
     n = check_positive_int(L, "L")
     r = check_positive_int(num_random, "num_random", allow_zero=True)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    _check_dense(n, n, "bigbird_mod")  # it draws and keeps an (L, L) table of random keys
     base = longformer_mod(window, global_tokens, causal=causal, max_len=n)
     rand = torch.zeros(n, n, dtype=torch.bool)
     for i in range(n):
@@ -135,10 +151,13 @@ def dense_from_mod(mask_mod: MaskMod, L: int, S: int | None = None) -> torch.Ten
     """Evaluate ``mask_mod`` on every (query, key) pair: bool (L, S)."""
     L = check_positive_int(L, "L")
     S = L if S is None else check_positive_int(S, "S")
+    if not callable(mask_mod):
+        raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
+    _check_dense(L, S, "dense_from_mod")
     q = torch.arange(L).unsqueeze(1)  # (L, 1)
     k = torch.arange(S).unsqueeze(0)  # (1, S)
     zero = torch.zeros((), dtype=torch.long)
-    return mask_mod(zero, zero, q, k).expand(L, S).clone()
+    return call_mask_mod(mask_mod, zero, zero, q, k, (L, S)).clone()
 
 
 # Dense builders, written from the definitions directly (rows of positions), independent of the mods.
@@ -154,10 +173,11 @@ def strided_mask(L: int, stride: int, *, causal: bool = True) -> torch.Tensor:
     L = check_positive_int(L, "L")
     s = check_positive_int(stride, "stride")
     check_bool_flag(causal, "causal")
+    _check_dense(L, L, "strided_mask", 2)
     m = torch.zeros(L, L, dtype=torch.bool)
     for off in range(-(L - 1), L):
         if abs(off) < s or off % s == 0:
-            m |= torch.diag(torch.ones(L - abs(off), dtype=torch.bool), -off)  # the pairs with i - j = off
+            m.diagonal(-off).fill_(True)  # the pairs with i - j = off: a view, O(L) a diagonal
     return m & _causal_dense(L, causal)
 
 
@@ -165,6 +185,7 @@ def fixed_mask(L: int, block: int, summary: int = 1, *, causal: bool = True) -> 
     """Bool (L, L) mask of :func:`fixed_mod`: diagonal blocks plus the summary columns of every block."""
     L = check_positive_int(L, "L")
     fixed_mod(block, summary, causal=causal)  # validates
+    _check_dense(L, L, "fixed_mask", 2)
     m = torch.zeros(L, L, dtype=torch.bool)
     for a in range(0, L, block):
         m[a:a + block, a:a + block] = True
@@ -176,6 +197,7 @@ def longformer_mask(L: int, window: int, global_tokens: Sequence[int] = (0,), *,
     """Bool (L, L) mask of :func:`longformer_mod`: a band of half-width ``window``, global rows and columns."""
     L = check_positive_int(L, "L")
     longformer_mod(window, global_tokens, causal=causal, max_len=L)  # validates
+    _check_dense(L, L, "longformer_mask", 2)
     m = torch.ones(L, L, dtype=torch.bool).triu(-window).tril(window)
     for g in global_tokens:
         m[g, :] = True
@@ -199,6 +221,8 @@ PATTERNS = {
 
 def _check_bool_2d(mask: object, name: str = "mask") -> torch.Tensor:
     check_tensor(mask, name)
+    if mask.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: it holds no values to count or multiply")
     if mask.dtype != torch.bool:
         raise TypeError(f"{name} must be a bool tensor, got {mask.dtype}")
     if mask.dim() != 2:
@@ -211,6 +235,7 @@ def two_hop_reach(mask: torch.Tensor) -> torch.Tensor:
     _check_bool_2d(mask)
     if mask.shape[0] != mask.shape[1]:
         raise ValueError(f"mask must be square to stack layers, got shape {fmt_shape(mask.shape)}")
+    check_fits(mask.numel() * 17, f"two_hop_reach's float64 product of mask {fmt_shape(mask.shape)}", mask.device)
     f = mask.to(torch.float64)
     return mask | ((f @ f) > 0)
 
@@ -219,7 +244,7 @@ def reaches_every_pair(mask: torch.Tensor, *, causal: bool = True) -> bool:
     """Whether two layers of ``mask`` reach every causal pair (``j <= i``), or every pair if not ``causal``."""
     check_bool_flag(causal, "causal")
     reach = two_hop_reach(mask)
-    want = _causal_dense(mask.shape[0], causal)
+    want = _causal_dense(mask.shape[0], causal).to(mask.device)
     return bool((reach | ~want).all())
 
 
@@ -229,7 +254,9 @@ def tiles_visited(mask: torch.Tensor, block_q: int = 16, block_k: int = 16) -> i
     bq = check_positive_int(block_q, "block_q")
     bk = check_positive_int(block_k, "block_k")
     L, S = mask.shape
-    pad = torch.zeros(-(-L // bq) * bq, -(-S // bk) * bk, dtype=torch.bool)
+    check_fits(-(-L // bq) * bq * -(-S // bk) * bk, f"tiles_visited's padded mask of {fmt_shape(mask.shape)}",
+               mask.device)
+    pad = torch.zeros(-(-L // bq) * bq, -(-S // bk) * bk, dtype=torch.bool, device=mask.device)
     pad[:L, :S] = mask
     tiles = pad.reshape(pad.shape[0] // bq, bq, pad.shape[1] // bk, bk)  # (L, S) -> (Tq, bq, Tk, bk)
     return int(tiles.any(dim=3).any(dim=1).sum())

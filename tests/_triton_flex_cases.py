@@ -124,19 +124,38 @@ def operators():
 
 
 def errors():
+    from attention_core.backends.triton_flex import triton_flex_attention
+
     q = torch.randn(1, 1, 64, 16)
+    q2 = torch.randn(1, 2, 64, 16)
     out = {}
     bm = create_block_mask(mm.strided(8), None, None, 64, 64, BLOCK_SIZE=32)
     for name, call in {
         "unsupported_mask": lambda: flex_attention(q, q, q, block_mask=bm, backend="triton"),
         "captured_grad": lambda: flex_attention(
             q.requires_grad_(), q, q, score_mod=mm.alibi(torch.ones(1, requires_grad=True)), backend="triton"),
+        # issue 37: ALiBi slopes for 1 head used on 2 heads: the kernel read slopes[1], past the tensor
+        "short_slopes": lambda: flex_attention(q2, q2, q2, score_mod=mm.alibi(torch.ones(1)), backend="triton"),
+        "short_slopes_direct": lambda: triton_flex_attention(q2, q2, q2, mm.alibi(torch.ones(1))),
+        "short_table": lambda: flex_attention(q2, q2, q2, score_mod=mm.relative_position_bias(torch.zeros(1, 3), 1),
+                                              backend="triton"),
     }.items():
         try:
             call()
             out[name] = "no error"
         except (ValueError, NotImplementedError) as exc:
             out[name] = f"{type(exc).__name__}: {exc}"
+    # issue 37: a NaN key and value that the causal mask hides from the first rows reach no other row, forward or
+    # backward (the front zeroes them and puts NaN back in the rows that read them)
+    k, v = torch.randn(1, 1, 64, 16), torch.randn(1, 1, 64, 16)
+    k[0, 0, 40], v[0, 0, 40] = float("nan"), float("inf")
+    qg, kg, vg = (x.clone().requires_grad_() for x in (torch.randn(1, 1, 64, 16), k, v))
+    causal = create_block_mask(mm.causal, None, None, 64, 64, BLOCK_SIZE=32)
+    o = flex_attention(qg, kg, vg, block_mask=causal, backend="triton")
+    o[:, :, :40].sum().backward()
+    out["nan_masked"] = {"rows_before_finite": bool(o[:, :, :40].isfinite().all()),
+                         "rows_after_nan": bool(o[:, :, 40:].isnan().all()),
+                         "grads_finite": all(bool(x.grad.isfinite().all()) for x in (qg, kg, vg))}
     return out
 
 

@@ -405,3 +405,171 @@ def test_generate(prompt, n, temperature, top_k, generator):
         assert torch.equal(torch.get_rng_state(), before), "a refused or greedy call touched the global RNG"
     if got is not None:
         assert got.shape == (prompt.shape[0], prompt.shape[1] + n) and torch.equal(got[:, : prompt.shape[1]], prompt)
+
+
+# ------------------------------------------------------------------------------ flex and linear attention (issue 37)
+# Each call answers (shape, dtype, and the values of a float64 dense oracle under the non-finite policy: NaN exactly
+# in the rows that read a bad query, key or value, never in another) or raises an error naming its argument.
+
+import numpy as np  # noqa: E402
+
+from attention_core import linear_attention as la  # noqa: E402
+from attention_core import mask_mods as mm  # noqa: E402
+from attention_core.flex_attention import create_block_mask, flex_attention  # noqa: E402
+from attention_core.mask_mods import dense_mask  # noqa: E402
+
+FLEX_NAMES = ["query", "key", "value", "score_mod", "block_mask", "scale", "enable_gqa", "backend", "mask_mod",
+              "slopes", "table", "document_ids"]
+FLEX_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 8e-2}
+
+
+def _with_specials(t: torch.Tensor, draw) -> torch.Tensor:
+    if t.numel() and draw(st.integers(0, 3)) == 3:
+        t = t.clone()
+        for _ in range(draw(st.integers(1, 2))):
+            t.view(-1)[draw(st.integers(0, t.numel() - 1))] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+    return t
+
+
+def _flex_oracle(q, k, v, score_mod, mask_mod, scale):
+    """float64 dense attention under the policy, written from the definition (GQA repeated here)."""
+    B, Hq, L, E = q.shape
+    H, S = k.shape[1], k.shape[2]
+    k, v = k.repeat_interleave(Hq // H, 1), v.repeat_interleave(Hq // H, 1)
+    keep = dense_mask(mask_mod, B, Hq, L, S)
+    bad_q = ~q.isfinite().all(-1)  # (B, Hq, L)
+    bad_kv = ~(k.isfinite().all(-1) & v.isfinite().all(-1))  # (B, Hq, S)
+    poison = (bad_q & keep.any(-1)) | (keep & bad_kv[:, :, None, :]).any(-1)
+    q, k, v = (t.double().nan_to_num(0.0, 0.0, 0.0) for t in (q, k, v))
+    s = q @ k.transpose(-2, -1) * (E ** -0.5 if scale is None else scale)
+    if score_mod is not None:
+        s = mm.dense_scores(score_mod, s)
+    s = s.masked_fill(~keep, -math.inf)
+    if S == 0:  # no key: every row reads nothing, zeros
+        return torch.zeros(B, Hq, L, v.shape[-1], dtype=torch.float64).numpy()
+    m = s.amax(-1, keepdim=True).nan_to_num(0.0, 0.0, 0.0).clamp_min(-1e300)
+    p = (s - m).exp()
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-300)
+    return (p @ v).masked_fill(poison[..., None], math.nan).numpy()
+
+
+@st.composite
+def flex_calls(draw):
+    B, Hk, G, L, S = (draw(st.integers(lo, hi)) for lo, hi in ((0, 2), (1, 2), (1, 2), (0, 20), (0, 20)))
+    E = draw(st.sampled_from([1, 4, 8]))
+    Hq = Hk * G
+    dtype = draw(st.sampled_from([torch.float64, torch.float32, torch.float16, torch.bfloat16]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    q, k, v = (_with_specials(torch.randn(B, h, n, E, generator=g, dtype=torch.float64).to(dtype), draw)
+               for h, n in ((Hq, L), (Hk, S), (Hk, S)))
+    heads = draw(st.sampled_from([Hq, Hq, 1]))  # a captured tensor for fewer heads: refused
+    score_mod = draw(st.sampled_from([None, mm.alibi(mm.alibi_slopes(heads)), mm.soft_cap(3.0),
+                                      mm.relative_position_bias(torch.randn(heads, 5, generator=g), 2)]))
+    mask_mod = draw(st.sampled_from([mm.noop_mask, mm.causal, mm.sliding_window(4), mm.prefix_lm(3),
+                                     mm.causal_bottom_right(L, S), mm.document(torch.arange(25) // 7),
+                                     mm.and_masks(mm.causal, mm.document(torch.arange(25) // 6))]))
+    block = draw(st.sampled_from([4, 8, (4, 8), 16]))
+    block_mask = draw(mostly(st.just("made"), st.none(), ODD, st.just("other_shape")))
+    if block_mask == "made":
+        block_mask = create_block_mask(mask_mod, draw(st.sampled_from([None, B or None])), None, L, S, BLOCK_SIZE=block)
+    elif block_mask == "other_shape":
+        block_mask = create_block_mask(mask_mod, None, None, L + 1, S, BLOCK_SIZE=block)
+    kw = {"score_mod": score_mod, "block_mask": block_mask, "scale": draw(mostly(st.none() | st.floats(-2, 2), ODD)),
+          "enable_gqa": draw(mostly(st.just(G > 1) | st.booleans(), ODD)),
+          "backend": draw(mostly(st.sampled_from(["chunked", "reference"]), ODD))}
+    args = [q, k, v]
+    if draw(st.integers(0, 9)) == 9:  # an odd tensor in one place
+        args[draw(st.integers(0, 2))] = draw(tensors(max_rank=5, max_dim=3))
+    return args, kw
+
+
+@settings(FUZZ, max_examples=max(30, FUZZ.max_examples // 3), deadline=None)
+@given(call=flex_calls())
+def test_flex_attention(call):
+    (q, k, v), kw = call
+    out = answer(flex_attention, q, k, v, names=FLEX_NAMES, **kw)
+    if out is None:
+        return
+    assert out.shape == (*q.shape[:3], v.shape[-1]) and out.dtype == q.dtype and out.device == q.device
+    if q.device.type == "meta" or q.numel() == 0 or out.numel() == 0:
+        return
+    bm = kw["block_mask"]
+    want = _flex_oracle(q, k, v, kw["score_mod"], mm.noop_mask if bm is None else bm.mask_mod, kw["scale"])
+    got = out.detach().double().numpy()
+    assert np.array_equal(np.isnan(got).any(-1), np.isnan(want).any(-1)), "NaN in other rows than the policy's"
+    rows = ~np.isnan(want).any(-1)
+    np.testing.assert_allclose(got[rows], want[rows], atol=FLEX_TOL[q.dtype], rtol=FLEX_TOL[q.dtype])
+    event("flex: compared" + (", with NaN rows" if not rows.all() else ""))
+
+
+LINEAR_FNS = {"parallel": la.linear_attention, "chunked": la.linear_attention_chunked,
+              "recurrent": lambda *a, **kw: la.linear_attention_recurrent(*a, **kw)[0]}
+
+
+@settings(FUZZ, deadline=None)
+@given(form=st.sampled_from(sorted(LINEAR_FNS)), shape=st.tuples(st.integers(0, 2), st.integers(0, 9),
+                                                                   st.integers(0, 4)),
+       dtype=st.sampled_from([torch.float64, torch.float32]), seed=st.integers(0, 2**31), data=st.data())
+def test_linear_attention_forms_agree_and_keep_nan_in_the_rows_that_read_it(form, shape, dtype, seed, data):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (_with_specials(torch.randn(shape, generator=g, dtype=dtype), data.draw) for _ in range(3))
+    kw = {"feature_map": data.draw(mostly(st.sampled_from(["elu", "relu"]), ODD))}
+    if form == "chunked":
+        kw["chunk_size"] = data.draw(mostly(st.integers(1, 5), ODD))
+    else:
+        kw["is_causal"] = True
+    out = answer(LINEAR_FNS[form], q, k, v, names=["query", "key", "value", "feature_map", "chunk_size",
+                                                   "is_causal"], **kw)
+    if out is None:
+        return
+    assert out.shape == (*shape[:2], shape[2]) and out.dtype == dtype
+    ref = la.linear_attention_recurrent(q, k, v, feature_map=kw["feature_map"])[0]
+    bad = ~ref.isfinite().all(-1)
+    assert torch.equal(~out.isfinite().all(-1), bad), "non-finite rows differ from the recurrent form's"
+    torch.testing.assert_close(out[~bad], ref[~bad], atol=1e-4, rtol=1e-4)
+
+
+@settings(FUZZ, deadline=None)
+@given(L=mostly(st.integers(1, 12), ODD), stride=mostly(st.integers(1, 5), ODD), block=mostly(st.integers(1, 8), ODD),
+       kind=st.sampled_from(["strided", "fixed", "longformer"]), causal=mostly(st.booleans(), ODD))
+def test_sparse_patterns_dense_equals_mod(L, stride, block, kind, causal):
+    from attention_core import sparse_patterns as sp
+
+    names = ["L", "stride", "block", "window", "causal", "summary", "global_tokens", "max_len"]
+    dense, mod = sp.PATTERNS[kind]
+    arg = stride if kind != "longformer" else block
+    mask = answer(dense, L, arg, causal=causal, names=names)
+    if mask is None:
+        return
+    assert mask.shape == (L, L) and mask.dtype == torch.bool
+    assert torch.equal(mask, sp.dense_from_mod(mod(arg, causal=causal), L))
+    tiles = answer(sp.tiles_visited, mask, block, stride, names=["mask", "block_q", "block_k"])
+    assert tiles is None or 0 <= tiles <= -(-L // block) * -(-L // stride)
+
+
+@settings(FUZZ, deadline=None)
+@given(bandwidth=mostly(st.sampled_from([1e-30, 1e-45, 5e-324, 1e-200, 1e30, 1e300, 0.3, 2.0]), ODD),
+       kernel=mostly(st.sampled_from(["gaussian", "boxcar", "epanechnikov"]), ODD),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.float16]), seed=st.integers(0, 2**31))
+def test_nadaraya_watson_gives_convex_combinations_at_any_bandwidth(bandwidth, kernel, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(n, generator=g, dtype=torch.float64).to(dtype) for n in (5, 7))
+    v = (1 + torch.rand(7, generator=g, dtype=torch.float64)).to(dtype)  # in [1, 2]: a 0 is outside
+    out = answer(ac_nadaraya_watson(), q, k, v, kernel, bandwidth, names=["queries", "keys", "values", "kernel",
+                                                                        "bandwidth"])
+    if out is None:
+        return
+    assert out.shape == (5,) and out.dtype == dtype and out.isfinite().all()
+    lo, hi = float(v.min()), float(v.max())
+    slack = 1e-2 if dtype == torch.float16 else 1e-9
+    inside = (out >= lo - slack) & (out <= hi + slack)
+    if kernel == "gaussian":  # positive everywhere: every query reads its nearest keys at least (the h -> 0 limit)
+        assert inside.all(), "not a convex combination of the values"
+    else:  # compact support: a query with no key within h gives 0
+        assert ((out == 0) | inside).all(), "not a convex combination (nor 0)"
+
+
+def ac_nadaraya_watson():
+    import attention_core as ac
+
+    return ac.nadaraya_watson

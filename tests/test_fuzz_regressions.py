@@ -507,3 +507,324 @@ def test_issue24_tiny_temperature_tends_to_greedy():
     logits = torch.tensor([[1.0, 5.0, 2.0], [3.0, 0.0, -1.0]])
     for t in (1e-30, 1e-300, 5e-45):
         assert sample_next_token(logits, t).tolist() == [1, 0]
+
+
+# ---------------------------------------------------------------------------------------------------- issue 37
+# Flex attention, the mask language, linear attention, sparse patterns, kernel regression and the core's edges.
+
+from attention_core import linear_attention as la  # noqa: E402
+from attention_core import mask_mods as mm  # noqa: E402
+from attention_core import sparse_patterns as sp  # noqa: E402
+from attention_core._checks import TooLargeError  # noqa: E402
+from attention_core.flex_attention import create_block_mask, flex_attention  # noqa: E402
+
+LINEAR_FORMS = {
+    "parallel": lambda q, k, v: la.linear_attention(q, k, v, is_causal=True),
+    "chunked-3": lambda q, k, v: la.linear_attention_chunked(q, k, v, chunk_size=3),
+    "chunked-8": lambda q, k, v: la.linear_attention_chunked(q, k, v, chunk_size=8),
+    "recurrent": lambda q, k, v: la.linear_attention_recurrent(q, k, v, is_causal=True)[0],
+}
+
+
+def _qkv37(shape=(2, 8, 4), dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(shape, generator=g, dtype=dtype) for _ in range(3))
+
+
+@pytest.mark.parametrize("where", ["key", "value", "query"])
+@pytest.mark.parametrize("bad", [NAN, math.inf, -math.inf])
+@pytest.mark.parametrize("form", sorted(LINEAR_FORMS))
+def test_issue37_linear_attention_nonfinite_reaches_only_the_rows_that_read_it(form, bad, where):
+    # was: a NaN in key 5 made rows 0..4 NaN in the parallel and chunked forms (0 * NaN in the causal mask's
+    # product); the recurrent form was right. Now every form gives the recurrent form's rows.
+    q, k, v = _qkv37()
+    clean = LINEAR_FORMS[form](q, k, v)
+    x = {"query": q, "key": k, "value": v}[where]
+    x[1, 5, 2] = bad
+    out = LINEAR_FORMS[form](q, k, v)
+    recurrent = LINEAR_FORMS["recurrent"](q, k, v)
+    # -inf in a key is 0 after elu + 1 (a finite feature): then nothing is poisoned
+    poisoned = ~recurrent.isfinite().all(-1)  # (B, L)
+    if where == "query":
+        assert poisoned[1].tolist() == [i == 5 for i in range(8)] or bad == -math.inf
+    elif not (where == "key" and bad == -math.inf):
+        assert poisoned[1].tolist() == [i >= 5 for i in range(8)]
+    assert torch.equal(~out.isfinite().all(-1), poisoned)
+    torch.testing.assert_close(out[~poisoned], recurrent[~poisoned])
+    if form != "recurrent":  # the sums of the recurrent form keep a value's NaN in its column (or give inf)
+        assert out[poisoned].isnan().all()
+    torch.testing.assert_close(out[0], clean[0])  # the other sequence is untouched
+
+
+def test_issue37_linear_attention_gradients_stay_finite_before_a_future_nan():
+    q, k, v = (t.requires_grad_() for t in _qkv37())
+    k.data[0, 6, 1] = NAN
+    for form in ("parallel", "chunked-3"):
+        q.grad = k.grad = v.grad = None
+        LINEAR_FORMS[form](q, k, v)[:, :6].sum().backward()
+        assert all(bool(t.grad.isfinite().all()) for t in (q, k, v)), form
+
+
+def _flex_case(B=1, H=2, L=40, S=40, E=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, n, E, generator=g, dtype=torch.float64) for n in (L, S, S))
+
+
+@pytest.mark.parametrize("backend", ["chunked", "reference"])
+@pytest.mark.parametrize("mod", ["causal", "window", "document"])
+def test_issue37_flex_a_masked_nan_reaches_no_row_forward_or_backward(backend, mod):
+    # was (chunked): the rows of the tile holding a masked-out NaN key were NaN (score NaN + bias -inf = NaN),
+    # and their gradients too; (reference): a masked NaN value gave NaN rows (0 * NaN) and every gradient of q
+    # was NaN (0 * NaN through the masked_fill's backward)
+    L = 40
+    mask_mod = {"causal": mm.causal, "window": mm.sliding_window(6),
+                "document": mm.and_masks(mm.causal, mm.document(torch.arange(L) // 17))}[mod]
+    bm = create_block_mask(mask_mod, None, None, L, L, BLOCK_SIZE=16)
+    q, k, v = _flex_case(L=L, S=L)
+    keep = mm.dense_mask(mask_mod, 1, 2, L, L)  # (1, 2, L, S)
+    j = 21
+    reads = keep[..., j]  # (1, 2, L): the rows that read key j
+    want = flex_attention(q, k, v, block_mask=bm, backend="reference")
+    k2, v2 = k.clone(), v.clone()
+    k2[0, 1, j, 3], v2[0, 0, j, 0] = NAN, math.inf
+    q2, k2, v2 = (t.clone().requires_grad_() for t in (q, k2, v2))
+    out = flex_attention(q2, k2, v2, block_mask=bm, backend=backend)
+    assert torch.equal(out.isnan().any(-1), reads), "NaN exactly in the rows that read the bad key or value"
+    torch.testing.assert_close(out[~reads], want[~reads])
+    out[~reads].sum().backward()
+    for t in (q2, k2, v2):
+        assert t.grad.isfinite().all(), "a masked NaN reached a gradient"
+    # the gradients equal those of the clean inputs (with the bad key and value as zeros)
+    qc, kc, vc = (t.detach().nan_to_num(0.0, 0.0, 0.0).requires_grad_() for t in (q2, k2, v2))
+    flex_attention(qc, kc, vc, block_mask=bm, backend="reference")[~reads].sum().backward()
+    torch.testing.assert_close(q2.grad, qc.grad)
+    torch.testing.assert_close(k2.grad, kc.grad.masked_fill(~kc.isfinite() | ~k2.isfinite(), 0.0))
+
+
+@pytest.mark.parametrize("backend", ["chunked", "reference"])
+def test_issue37_flex_a_bad_query_row_reading_nothing_stays_zero(backend):
+    L = 20
+    bm = create_block_mask(mm.causal_bottom_right(L, 10), None, None, L, 10, BLOCK_SIZE=16)  # rows 0..9 read none
+    q, k, v = _flex_case(L=L, S=10)
+    q[0, 0, 3, 0], q[0, 0, 15, 0] = NAN, NAN
+    out = flex_attention(q, k, v, block_mask=bm, backend=backend)
+    assert (out[0, 0, 3] == 0).all() and out[0, 0, 15].isnan().all()
+    assert out[0, 0, [i for i in range(L) if i != 15]].isfinite().all()
+
+
+def test_issue37_flex_chunked_a_score_mod_nan_on_a_masked_pair_stays_there():
+    # was: a captured bias table holding NaN at a distance only masked pairs have (the future) poisoned the
+    # rows of the partial tiles: NaN + -inf = NaN
+    L = 40
+    table = torch.zeros(2, 2 * 3 + 1, dtype=torch.float64)
+    table[:, 4:] = NAN  # kv_idx - q_idx > 0: the future, which the causal mask hides
+    bm = create_block_mask(mm.causal, None, None, L, L, BLOCK_SIZE=16)
+    q, k, v = _flex_case(L=L, S=L)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    for backend in ("chunked", "reference"):
+        out = flex_attention(q, k, v, score_mod=mm.relative_position_bias(table, 3), block_mask=bm, backend=backend)
+        assert out.isfinite().all(), backend
+        out.sum().backward()
+        assert q.grad.isfinite().all() and k.grad.isfinite().all(), backend
+        q.grad = k.grad = v.grad = None
+
+
+@pytest.mark.parametrize("backend", ["chunked", "reference"])
+@pytest.mark.parametrize("mod", ["alibi", "relative_position_bias"])
+def test_issue37_flex_refuses_a_captured_tensor_shorter_than_the_heads(backend, mod):
+    # was (triton): slopes[h] read past the (1,) tensor for h = 1; (chunked, reference): an IndexError
+    q, k, v = _flex_case(H=2)
+    score_mod = mm.alibi(torch.ones(1)) if mod == "alibi" else mm.relative_position_bias(torch.zeros(1, 3), 1)
+    with pytest.raises(ValueError, match=r"captured (slopes|table) of shape \(1,( 3)?\).*2 query heads"):
+        flex_attention(q, k, v, score_mod=score_mod, backend=backend)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda q: flex_attention(q, q, q, scale=NAN), ValueError, "scale must be a finite float"),
+    (lambda q: flex_attention(q, q, q, scale=math.inf), ValueError, "scale must be a finite float"),
+    (lambda q: flex_attention(q, q, q, scale=True), TypeError, "scale"),
+    (lambda q: flex_attention(q[..., :0], q[..., :0], q), ValueError, r"at least one feature \(E >= 1"),
+    (lambda q: flex_attention(q, q.to("meta"), q), ValueError, "key must be on the device of query"),
+    (lambda q: flex_attention(q, q, q, block_mask=create_block_mask(mm.causal, None, None, 40, 40, device="meta")),
+     ValueError, "block_mask must be on the device of query"),
+    (lambda q: flex_attention(q.int(), q.int(), q.int()), TypeError, "query must have a floating-point dtype"),
+    (lambda q: flex_attention(q, q.float(), q), TypeError, "key must have the dtype of query"),
+    (lambda q: flex_attention(q, q, q, enable_gqa=1), TypeError, "enable_gqa must be a bool"),
+    (lambda q: flex_attention(q, q, q, score_mod=lambda s, b, h, i, j: i - j), TypeError,
+     "score_mod must return a floating tensor"),
+    (lambda q: flex_attention(q, q, q, score_mod=lambda s, b, h, i, j: torch.zeros(3, dtype=s.dtype)), ValueError,
+     r"score_mod <lambda> returned shape \(3,\)"),
+    (lambda q: create_block_mask(lambda b, h, i, j: (i >= j).int(), None, None, 8, 8), TypeError,
+     "mask_mod must return a bool tensor"),
+    (lambda q: create_block_mask(mm.document(torch.zeros(4, dtype=torch.long)), None, None, 6, 6), ValueError,
+     "mask_mod document failed on .* index 4 is out of bounds"),
+    (lambda q: create_block_mask(mm.causal, None, None, 8, 8, BLOCK_SIZE=2**62), TooLargeError, "BLOCK_SIZE"),
+    (lambda q: create_block_mask(mm.causal, None, None, 8, 8, device="cuda:7"), ValueError, "device"),
+])
+def test_issue37_flex_errors_name_the_argument(call, exc, words):
+    # was: scale=nan answered NaN; E = 0 a ZeroDivisionError; a key or block mask on another device a cryptic
+    # error from deep inside; int/complex a ValueError; a mod's bad answer a RuntimeError from expand
+    q = _flex_case()[0]
+    with pytest.raises(exc, match=words):
+        call(q)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "reference"])
+def test_issue37_flex_empty_meta_noncontiguous_and_float64(backend):
+    q, k, v = _flex_case(L=9, S=11)
+    for shape_q, shape_kv in (((0, 2, 9, 8), (0, 2, 11, 8)), ((1, 2, 0, 8), (1, 2, 11, 8))):
+        out = flex_attention(torch.zeros(shape_q, dtype=torch.float64), torch.zeros(shape_kv, dtype=torch.float64),
+                             torch.zeros(shape_kv, dtype=torch.float64), backend=backend)
+        assert out.shape == (*shape_q[:3], 8) and out.dtype == torch.float64
+    assert flex_attention(q, k[:, :, :0], v[:, :, :0], backend=backend).eq(0).all()  # S = 0: rows read nothing
+    meta = flex_attention(*(t.to("meta") for t in (q, k, v)), backend=backend)
+    assert meta.shape == (1, 2, 9, 8) and meta.device.type == "meta"
+    strided = flex_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, backend=backend)
+    assert strided.dtype == torch.float64
+    torch.testing.assert_close(strided, flex_attention(q, k, v, backend=backend), rtol=0, atol=1e-12)
+
+
+STRIDE0 = torch.zeros(1, 1, 1, 8).expand(1, 1, 2**40, 8)  # 32 TiB as read, 32 bytes stored
+
+
+@pytest.mark.parametrize("name", ["sdpa", "sdpa-one-query", "attention_weights", "masked_softmax", "flex",
+                                  "flex-one-query", "linear", "linear_chunked", "linear_recurrent", "delta_rule",
+                                  "nadaraya_watson", "strided_mask", "dense_from_mod", "create_block_mask"])
+def test_issue37_inputs_too_large_are_refused_before_any_work(name):
+    # was: the core spent hours (> 60 s seen) summing the 2**43 elements of a stride-0 view in its non-finite
+    # check; the others too, or an allocation error
+    x, one = STRIDE0, torch.zeros(1, 1, 1, 8)
+    calls = {
+        "sdpa": lambda: ac.scaled_dot_product_attention(x, x, x),
+        "sdpa-one-query": lambda: ac.scaled_dot_product_attention(one, x, x),
+        "attention_weights": lambda: ac.attention_weights(one, x),
+        "masked_softmax": lambda: ac.masked_softmax(x),
+        "flex": lambda: flex_attention(x, x, x),
+        "flex-one-query": lambda: flex_attention(one, x, x),
+        "linear": lambda: la.linear_attention(x, x, x),
+        "linear_chunked": lambda: la.linear_attention_chunked(x, x, x),
+        "linear_recurrent": lambda: la.linear_attention_recurrent(x, x, x),
+        "delta_rule": lambda: la.delta_rule(x, x, x),
+        "nadaraya_watson": lambda: ac.nadaraya_watson(x[0, 0], x[0, 0], x[0, 0, :, 0]),
+        "strided_mask": lambda: sp.strided_mask(2**20, 4),
+        "dense_from_mod": lambda: sp.dense_from_mod(sp.strided_mod(4), 2**20),
+        "create_block_mask": lambda: create_block_mask(mm.causal, None, None, 2**40, 2**40),
+    }
+    with pytest.raises(TooLargeError, match="GiB"):
+        calls[name]()
+
+
+def test_issue37_compile_fullgraph_with_the_default_backend(monkeypatch):
+    # was: torch.compile(fullgraph=True) failed on ContextVar.get (the use_backend default) unless backend= was
+    # given; now it traces, and a use_backend block around the compiled call is obeyed (a guard recompiles)
+    import attention_core.functional as functional
+
+    q, k, v = _qkv24(torch.float32)
+    f = lambda q: ac.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    seen, real = [], functional.resolve_backend
+
+    def spy(name, inputs):  # runs while tracing: which backend each traced graph calls
+        chosen = real(name, inputs)
+        seen.append(chosen.name)
+        return chosen
+
+    monkeypatch.setattr(functional, "resolve_backend", spy)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q), f(q))
+    with ac.use_backend("reference"):
+        torch.testing.assert_close(compiled(q), f(q))
+    assert seen[0] == "torch" and "reference" in seen, seen
+    torch._dynamo.reset()
+
+
+BANDWIDTHS = {  # bandwidth -> (float32 answer at queries 0, 1, 2.5 over keys 0..3 with values 1..4, or an error)
+    1e-30: ([1.0, 2.0, 3.5], [1.0, 2.0, 0.0]),  # h -> 0: nearest keys (gaussian), exact hits only (compact)
+    1e-45: ([1.0, 2.0, 3.5], [1.0, 2.0, 0.0]),  # a float32 denormal
+    1e30: ([2.5] * 3, [2.5] * 3),  # h -> inf: the mean of the values
+    1e300: ([2.5] * 3, [2.5] * 3),  # inf in float32: the same limit
+}
+
+
+@pytest.mark.parametrize("kernel", ["gaussian", "boxcar", "epanechnikov"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bandwidth", sorted(BANDWIDTHS))
+def test_issue37_nadaraya_watson_at_extreme_bandwidths(bandwidth, dtype, kernel):
+    # was: NaN for 1e-30 in float32 (h * h underflowed to 0: 0 / 0), zeros for 1e-200 in float64 (d^2 / h^2
+    # overflowed to inf for every key, a row of -inf); now the limits
+    q = torch.tensor([0.0, 1.0, 2.5], dtype=dtype)
+    k = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=dtype)
+    v = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=dtype)
+    gaussian, compact = BANDWIDTHS[bandwidth]
+    want = torch.tensor(gaussian if kernel == "gaussian" else compact, dtype=dtype)
+    torch.testing.assert_close(ac.nadaraya_watson(q, k, v, kernel, bandwidth), want)
+    if dtype == torch.float64:  # float64 also at 1e-200 and a float64 denormal
+        for h in (1e-200, 5e-324):
+            tiny = BANDWIDTHS[1e-30][kernel != "gaussian"]
+            torch.testing.assert_close(ac.nadaraya_watson(q, k, v, kernel, h), torch.tensor(tiny, dtype=dtype))
+
+
+@pytest.mark.parametrize("bandwidth, exc, words", [
+    (0.0, ValueError, "bandwidth must be positive and finite"), (-1.0, ValueError, "positive"),
+    (NAN, ValueError, "positive and finite"), (math.inf, ValueError, "positive and finite"),
+    (1e-310, ValueError, r"bandwidth 1e-310 is 0 in the queries' dtype torch.float32"),
+    (torch.tensor(1e-60, dtype=torch.float64), ValueError, "is 0 in the queries' dtype"),
+    (1j, TypeError, "bandwidth"),
+])
+def test_issue37_nadaraya_watson_refuses_bandwidths_with_no_answer(bandwidth, exc, words):
+    x = torch.tensor([0.0, 1.0])
+    with pytest.raises(exc, match=words):
+        ac.nadaraya_watson(x, x, x, bandwidth=bandwidth)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda x: la.linear_attention(x, x, x, feature_map=lambda t: t.int()), TypeError, "feature_map must return"),
+    (lambda x: la.linear_attention(x, x, x, feature_map=lambda t: t[..., 0]), ValueError, "feature_map must map"),
+    (lambda x: la.linear_attention_recurrent(x, x, x, state=la.LinearAttentionState(torch.zeros(3), torch.zeros(2))),
+     ValueError, r"state.S must have shape \(2, 4, 4\)"),
+    (lambda x: la.linear_attention_recurrent(x, x, x, state=la.LinearAttentionState(
+        torch.zeros(2, 4, 4, dtype=torch.float64), torch.zeros(2, 4, dtype=torch.float64))), TypeError, "state.S"),
+    (lambda x: la.delta_rule(x, x, x, beta=torch.full((2, 6), 5.0)), ValueError, r"beta must be in \[0, 2\]"),
+    (lambda x: la.delta_rule(x, x, x, beta=torch.ones(2, 6, dtype=torch.long)), TypeError, "beta"),
+    (lambda x: la.delta_rule(x, x, x, state=torch.zeros(2, 4, 4, dtype=torch.long)), TypeError, "state"),
+    (lambda x: la.performer_variance(x, x[:, :3], 4), ValueError, "x and y must have one shape"),
+    (lambda x: la.draw_omega(3, 4, dtype=torch.long), TypeError, "dtype"),
+    (lambda x: la.draw_omega(3, 4, generator=3), TypeError, "generator"),
+    (lambda x: sp.bigbird_mod(8, 2, generator=1), TypeError, "generator"),
+    (lambda x: sp.dense_from_mod(sp.longformer_mod(2, (0,), max_len=4), 8), ValueError, "mask_mod .* failed"),
+    (lambda x: sp.tiles_visited(torch.ones(4, 4, dtype=torch.bool, device="meta")), ValueError, "mask is on the meta"),
+    (lambda x: sp.reaches_every_pair(torch.ones(4, 4, dtype=torch.bool, device="meta")), ValueError, "meta"),
+])
+def test_issue37_linear_and_sparse_errors_name_the_argument(call, exc, words):
+    # was: RuntimeError/AttributeError/IndexError from inside (a feature map's answer, a state of another shape or
+    # dtype, a generator that is not one), or no error at all (beta = 5 as a tensor)
+    with pytest.raises(exc, match=words):
+        call(torch.randn(2, 6, 4))
+
+
+def test_issue37_linear_attention_chunked_takes_an_empty_sequence():
+    # was: torch.cat of no chunks raised RuntimeError for L = 0
+    x = torch.randn(2, 0, 4, dtype=torch.float64)
+    out = la.linear_attention_chunked(x, x, x)
+    assert out.shape == (2, 0, 4) and out.dtype == torch.float64
+
+
+def test_issue37_fuzz_oracle_of_a_learned_table_in_float16():
+    # was: `make fuzz` red: test_positional[LearnedPositionalEmbedding] drew init_std ~1e18 and a float16 x; the
+    # module gives inf (the table cast to float16, as documented) and the float64 oracle expected 8.0e18. The
+    # oracle now computes the documented float16 sum.
+    import numpy as np
+    from test_fuzz import positional_oracle
+
+    def close(got, want, tol, rtol=0.0):
+        np.testing.assert_allclose(got.detach().double().numpy(), want, atol=tol, rtol=rtol)
+
+    torch.manual_seed(0)
+    layer = positional.LearnedPositionalEmbedding(max_len=4, d_model=2, init_std=1e18).eval()
+    for x in (torch.zeros(1, 3, 2, dtype=torch.float16), torch.full((2, 3, 2), 6e4, dtype=torch.float16)):
+        out = layer(x, 1)
+        want = positional_oracle(layer, x, 1)
+        assert np.isinf(want).any()  # what float16 holds of 1e18
+        close(out, want, 1e-3, 1e-3)
+    x = torch.randn(2, 3, 2, dtype=torch.float64)  # float64 stays float64, the table's float32 digits exact
+    close(layer(x, 0), x.numpy() + layer.weight.detach()[:3].double().numpy(), 0.0)

@@ -97,6 +97,10 @@ def test_unsupported_calls_raise(interp_results):
     errors = interp_results["errors"]
     assert errors["unsupported_mask"].startswith("ValueError") and "strided(8)" in errors["unsupported_mask"]
     assert errors["captured_grad"].startswith("NotImplementedError") and "chunked" in errors["captured_grad"]
+    for name, tensor in (("short_slopes", "slopes"), ("short_slopes_direct", "slopes"), ("short_table", "table")):
+        msg = errors[name]  # issue 37: was no error, the kernel reading past the captured tensor
+        assert msg.startswith("ValueError") and tensor in msg and "2 query heads" in msg, msg
+    assert errors["nan_masked"] == {"rows_before_finite": True, "rows_after_nan": True, "grads_finite": True}
 
 
 def test_operators_compile_and_pass_opcheck(interp_results):

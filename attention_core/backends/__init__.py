@@ -134,6 +134,17 @@ _REGISTRY: dict[str, Backend] = {}
 _LOADED: dict[tuple[str, str], RunFn] = {}  # older entries: (module, function) -> its run wrapper
 _CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention_backend", default=None)
 
+
+class _Traced:
+    """What ``torch.compile`` reads for the :func:`use_backend` default: Dynamo cannot trace ``ContextVar.get``,
+    but it reads (and guards on) a plain attribute, so a compiled call recompiles when the default changes. It
+    mirrors the innermost :func:`use_backend` block entered in any thread (eager calls read the ContextVar)."""
+
+    name: str | None = None
+
+
+_TRACED = _Traced()
+
 #: The automatic choice tries these in order and takes the first that is available and supports the inputs.
 AUTO_ORDER: tuple[str, ...] = ("torch", "reference")
 
@@ -187,10 +198,12 @@ def use_backend(name: str | None) -> Iterator[None]:
     if name is not None:
         _check_available(get_backend(name))
     token = _CURRENT.set(name)
+    outer, _TRACED.name = _TRACED.name, name
     try:
         yield
     finally:
         _CURRENT.reset(token)
+        _TRACED.name = outer
 
 
 def choose_backend(inputs: AttentionInputs) -> Backend:
@@ -224,7 +237,8 @@ def resolve_backend(name: str | None, inputs: AttentionInputs) -> Backend:
         ValueError: unknown name; a backend that cannot run on this machine; or one that cannot handle these
             inputs (the message gives the reason and the alternatives).
     """
-    name = name if name is not None else _CURRENT.get()
+    if name is None:
+        name = _TRACED.name if torch.compiler.is_compiling() else _CURRENT.get()
     if name is None:
         return choose_backend(inputs)
     backend = get_backend(name)

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
+from attention_core.mask_mods import call_mask_mod, call_score_mod
+
 __all__ = ["CHUNK_KEYS", "captured_tensors", "chunked_flex_attention"]
 
 #: Most keys one product reads: a (256, 512) float32 score chunk of one head is 512 KiB, half of a 1 MiB L2
@@ -251,7 +253,8 @@ class _Plan:
 
             def evaluate(r, kv, b_idx=b_idx, h_idx=h_idx, positions=positions):
                 q_idx = positions[:, r * Bq:min(L, (r + 1) * Bq)]  # (1, bl, 1)
-                return self.mask_mod(b_idx, h_idx, q_idx, kv.view(1, 1, -1))
+                shape = (b_idx.shape[0], q_idx.shape[1], kv.numel())
+                return call_mask_mod(self.mask_mod, b_idx, h_idx, q_idx, kv.view(1, 1, -1), shape)
 
             previous: dict[tuple, list] = {}  # shape -> the last few biases kept of that shape
 
@@ -356,12 +359,18 @@ class _Run:
                 return torch.bmm(qs, kc.transpose(1, 2))  # (G, bl, E) @ (G, E, nc) -> (G, bl, nc)
             return torch.baddbmm(bias.expand(qs.shape[0], -1, -1), qs, kc.transpose(1, 2))
         s = self.modded(torch.bmm(qs, kc.transpose(1, 2)), chunk, b_idx, h_idx, q_idx).clone()
-        return s if bias is None else s.add_(bias)
+        return s if bias is None else _hide(s, bias)
 
     def modded(self, s: torch.Tensor, chunk: _Chunk, b_idx, h_idx, q_idx) -> torch.Tensor:
         """The score_mod applied to a chunk of scores (G, bl, nc); a new tensor of that shape."""
-        out = self.score_mod(s, b_idx, h_idx, q_idx, chunk.kv_idx)
-        return out.expand(s.shape) if out.shape != s.shape else out
+        return call_score_mod(self.score_mod, s, b_idx, h_idx, q_idx, chunk.kv_idx)
+
+
+def _hide(s: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``s`` with the pairs the bias hides set to -inf, in place: a score_mod may give NaN or +inf to a masked
+    pair (a captured table's NaN, inf - inf), and ``NaN + -inf`` would be NaN, poisoning a row that does not
+    read the pair."""
+    return s.masked_fill_(bias == _NEG_INF, _NEG_INF)
 
 
 def _forward(run: _Run, q, k, v, out, lse) -> None:
@@ -431,7 +440,7 @@ def _backward(run: _Run, q, k, v, out, lse, grad_out, captured):
                     s = modded.detach().clone()
                     bias = run.bias(chunk, b_idx, h_idx, q_idx, s.dtype)
                     if bias is not None:
-                        s.add_(bias)
+                        _hide(s, bias)
                 p = run.exp_(s.sub_(lse_t))  # (G, bl, nc), recomputed from the saved log-sum-exp
                 chunk.add_into(dvg, torch.bmm(p.transpose(1, 2), do))  # (G, nc, bl) @ (G, bl, Ev)
                 ds = torch.bmm(do, vc.transpose(1, 2)).sub_(delta).mul_(p)  # dS = P * (dP - delta), (G, bl, nc)

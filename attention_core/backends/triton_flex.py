@@ -364,6 +364,10 @@ def triton_flex_attention(query, key, value, score_mod=None, block_mask=None, sc
         raise NotImplementedError(f"the triton flex kernel does not compute the gradient of the tensor that "
                                   f"score_mod {getattr(score_mod, '__name__', score_mod)} captures: use "
                                   f"backend='chunked', or detach it")
+    from attention_core.flex_attention import _check_captured
+
+    B, H, L, _ = query.shape
+    _check_captured(score_mod, block_mask, B, H, L, key.shape[2], query.device)  # the kernel would read past it
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     tensors, scalars, constexprs, grid = compile_args(query, key, value, score_mod, block_mask, scale)
     out, _ = _forward_op(*tensors, scalars["sm_scale"], scalars["CAP"], scalars["P0"], scalars["P1"],
