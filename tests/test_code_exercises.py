@@ -1051,3 +1051,28 @@ def test_values_wrong_only_at_fully_masked_rows_are_said_so():
     report = code_checks.check_function(half_in_dead_rows, ce.spec("ch02.masked_softmax"))
     assert "differs only in rows that the library gives as all zeros" in report.message, report.message
     assert not _names_a_known_mistake("ch02.masked_softmax", report.message)
+
+
+# --------------------------------------------------------------- ch. 11, exercise 3: a check for any passage
+
+
+def test_window_rise_check_holds_on_any_passage():
+    """The exercise's check recomputes the rise on the passage it is given: the right rise passes on every passage
+    (the old hidden bound, 0 <= rise < 0.05, held on the chapter's passage only), a wrong one fails."""
+    from attention_core.models.language_model import DecoderLM
+
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=11, d_model=16, num_layers=2, num_heads=2).eval()
+    g = torch.Generator().manual_seed(1)
+    rises = []
+    for length in (40, 57, 64):  # passages of another length and content than the chapter's
+        text = torch.randint(0, 11, (1, length + 1), generator=g)
+        inputs, targets = text[:, :-1], text[:, 1:]
+        rise = ce.window_loss_rise(model, inputs, targets, 4, baseline=16, start=20)
+        rises.append(rise)
+        assert ce.check_window_rise(rise, model, inputs, targets, 4, baseline=16, start=20)
+        assert not ce.check_window_rise(rise + 0.01, model, inputs, targets, 4, baseline=16, start=20)
+        assert not ce.check_window_rise(float("nan"), model, inputs, targets, 4, baseline=16, start=20)
+    assert not all(0 <= r < 0.05 for r in rises)  # the old bound does not hold on every passage
+    with pytest.raises(ValueError, match="inputs must be"):
+        ce.window_loss_rise(model, inputs, targets, 4, start=1000)

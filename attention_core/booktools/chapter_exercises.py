@@ -17,7 +17,7 @@ import torch
 
 from attention_core.booktools.code_checks import FunctionSpec, Mistake
 
-__all__ = ["EXERCISES", "partial_softmax", "spec"]
+__all__ = ["EXERCISES", "check_window_rise", "partial_softmax", "spec", "window_loss_rise"]
 
 T = torch.tensor
 NEG_INF = float("-inf")
@@ -714,6 +714,38 @@ def _ch11() -> FunctionSpec:
                     lambda L, S, w: _decode(L, S, w, no_window=True)),
         ),
     )
+
+
+# ------------------------------------------------------------------------- ch. 11, exercise 3: a shorter window
+
+
+def window_loss_rise(model: Any, inputs: torch.Tensor, targets: torch.Tensor, window: int, *, baseline: int = 128,
+                     start: int = 512) -> float:
+    """How much higher the mean per-token loss on positions ``start`` onwards is with a rolling cache of
+    ``window`` keys than with one of ``baseline`` keys, on the passage ``inputs`` (1, L) -> ``targets`` (1, L).
+    Computed on whatever passage is given (chapter 11's exercise 3 and its check)."""
+    import torch.nn.functional as F
+
+    if not (isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor)) or inputs.shape != targets.shape:
+        raise ValueError(f"inputs and targets must be tensors of one shape (1, L), got {getattr(inputs, 'shape', inputs)}"
+                         f" and {getattr(targets, 'shape', targets)}")
+    if inputs.dim() != 2 or inputs.shape[0] != 1 or not 0 <= start < inputs.shape[1]:
+        raise ValueError(f"inputs must be (1, L) with L > start = {start}, got shape {tuple(inputs.shape)}")
+    losses = []
+    with torch.no_grad():
+        for w in (window, baseline):
+            logits = model(inputs, model.new_cache(window=w)).logits[0]  # (L, V)
+            losses.append(F.cross_entropy(logits, targets[0], reduction="none")[start:].mean().item())
+    return losses[0] - losses[1]
+
+
+def check_window_rise(rise: float, model: Any, inputs: torch.Tensor, targets: torch.Tensor, window: int = 32, *,
+                      baseline: int = 128, start: int = 512, atol: float = 1e-3) -> bool:
+    """Whether ``rise`` is the rise of the loss (window ``window`` against ``baseline``, positions ``start``
+    onwards) on this passage, recomputed here: the check holds on any passage, since it measures the one given."""
+    if isinstance(rise, bool) or not isinstance(rise, (int, float)) or not math.isfinite(rise):
+        return False
+    return abs(rise - window_loss_rise(model, inputs, targets, window, baseline=baseline, start=start)) <= atol
 
 
 # ------------------------------------------------------------------------------ ch. 12: causal linear attention
