@@ -19,7 +19,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from test_review_quiz import CHAPTERS, REVIEW, _quizzes
 
 ROOT = Path(__file__).resolve().parent.parent
