@@ -131,8 +131,10 @@ def test_the_checks_can_fail() -> None:
     """Each check catches the fault it is for: the old positions, a cycle, a long answer, a lone hedge, a tell."""
     assert not _balanced([1] * 12 + [2] * 3, slack=1.25)  # the chapters' old positions
     assert _patterned([0, 1, 2, 3, 0, 1, 2, 3, 0]) and _patterned([2, 1, 1, 1, 0]) and _patterned([0, 2] * 4)
+    assert _patterned([3, 0, 1, 2, 1]) and _patterned([2, 1, 0, 3, 3])  # a cycle inside, forwards and backwards
     assert _patterned([2, 0, 3, 1, 1, 3, 0, 2]) is None
     assert HEDGE.search("Little by itself: the weight scales the value, which may be small")
+    assert HEDGE.search("Little alone: it scales the value") and HEDGE.search("it depends on the values")
     old_07 = "RoPE rotates each pair of query and key features by position times frequency"
     assert any(re.search(t, old_07, flags=re.I) for t in TELLS["07"])
     old_14 = "its patch embedding is one linear layer, the same function as a convolution with kernel and stride $p$."
