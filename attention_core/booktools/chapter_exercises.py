@@ -727,8 +727,8 @@ def window_loss_rise(model: Any, inputs: torch.Tensor, targets: torch.Tensor, wi
     import torch.nn.functional as F
 
     if not (isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor)) or inputs.shape != targets.shape:
-        raise ValueError(f"inputs and targets must be tensors of one shape (1, L), got {getattr(inputs, 'shape', inputs)}"
-                         f" and {getattr(targets, 'shape', targets)}")
+        raise ValueError(f"inputs and targets must be tensors of one shape (1, L), got "
+                         f"{getattr(inputs, 'shape', inputs)} and {getattr(targets, 'shape', targets)}")
     if inputs.dim() != 2 or inputs.shape[0] != 1 or not 0 <= start < inputs.shape[1]:
         raise ValueError(f"inputs must be (1, L) with L > start = {start}, got shape {tuple(inputs.shape)}")
     losses = []
