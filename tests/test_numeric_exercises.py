@@ -102,7 +102,8 @@ def _numeric_exercises() -> list[tuple[str, str, str, dict]]:
             for node in ast.walk(ast.parse(cell.source)):
                 if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "check_value":
                     label, encoded = (ast.literal_eval(a) for a in node.args[:2])
-                    tol = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg in ("rtol", "atol")}
+                    tol = {k.arg: ast.literal_eval(k.value) for k in node.keywords
+                           if k.arg in ("rtol", "atol", "digits", "decimals")}
                     seen[label] = seen.get(label, 0) + 1
                     key = label if seen[label] == 1 else f"{label}#{seen[label]}"
                     found.append((path.name[:2], key, encoded, tol))
@@ -127,3 +128,54 @@ def test_numeric_exercise_accepts_its_answer_and_rejects_mistakes(chapter, key, 
     assert len(wrong) >= 2
     for value in wrong:
         assert not ex.accepts(value), f"ch. {chapter} {key!r}: the mistake {value!r} is accepted (answer {answer!r})"
+
+
+# ------------------------------------------------------------------- the formats and precision a chapter writes
+# (chapter, label) -> answers as a reader writes them after reading the chapter or the box's stated precision:
+# each must be accepted. The chapters write large numbers with thousands separators ("389,152"), and a box that
+# states its precision accepts the value rounded to it ("14", "0.4", "3.4" were refused).
+WRITTEN_AS: dict[tuple[str, str], list[str]] = {
+    ("11", "MHA cache / MLA cache, 32 heads"): ["14", "14.2", "14.22", "128/9"],
+    ("12", "pairs of the strided pattern, L = 4096, stride 64"): ["389,152", "389152", " 389,152.0 "],
+    ("13", "JSD (nats)"): ["0.4", "0.38", "0.380"],
+    ("15", "tokens per step"): ["3.4", "3.36", "3.3616"],
+    ("12", "tokens at which the cache equals the state"): ["64.5", "129/2"],
+}
+#: chapters whose boxes must state the precision they check (their answers are not whole numbers)
+STATED = {"11", "13", "15"}
+
+
+@pytest.mark.parametrize(("chapter", "key"), list(WRITTEN_AS), ids=[f"{c}-{k}" for c, k in WRITTEN_AS])
+def test_a_box_accepts_the_formats_the_chapter_writes(chapter, key) -> None:
+    (encoded, tol), = [(e, t) for c, k, e, t in EXERCISES if (c, k) == (chapter, key)]
+    ex = exercises.ValueCheck(key, encoded, **tol)
+    for text in WRITTEN_AS[(chapter, key)]:
+        assert ex.accepts(text), f"ch. {chapter} {key!r}: {text!r} is refused"
+        assert ex.evaluate(text).startswith(exercises.CORRECT), ex.evaluate(text)
+
+
+@pytest.mark.parametrize(("chapter", "key", "encoded", "tol"), [e for e in EXERCISES if e[0] in STATED],
+                         ids=[f"{c}-{k}" for c, k, _, _ in EXERCISES if c in STATED])
+def test_a_box_states_the_precision_it_checks(chapter, key, encoded, tol) -> None:
+    ex = exercises.ValueCheck(key, encoded, **tol)
+    assert "digits" in tol or "decimals" in tol, f"ch. {chapter} {key!r}: no precision stated"
+    assert "(to " in ex.name and ("significant figure" in ex.name or "decimal place" in ex.name), ex.name
+    assert "(to " in ex.static_html()  # the site's box says it too
+
+
+def test_thousands_separators_and_their_look_alikes() -> None:
+    assert exercises.parse_number("389,152") == 389152.0 and exercises.parse_number("-8,390,656.5") == -8390656.5
+    for text in ("1,2", "12,34", "1,2345", ",123", "1,234,56"):  # not thousands groups: not a number
+        assert exercises.parse_number(text) is None, text
+
+
+def test_stated_precision_accepts_the_rounded_value_and_no_coarser_one() -> None:
+    ex = exercises.ValueCheck("r", exercises.encode_answer(14.222), digits=2)
+    assert ex.name == "r (to 2 significant figures)"
+    assert ex.accepts("14") and ex.accepts("14.2") and not ex.accepts("15") and not ex.accepts("10")
+    ex = exercises.ValueCheck("r", exercises.encode_answer(0.3804), decimals=2)
+    assert ex.accepts("0.38") and not ex.accepts("0.4") and not ex.accepts("0.37")
+    with pytest.raises(ValueError, match="one of digits or decimals"):
+        exercises.ValueCheck("r", exercises.encode_answer(1.0), digits=2, decimals=1)
+    with pytest.raises(ValueError, match="digits must be a positive int"):
+        exercises.ValueCheck("r", exercises.encode_answer(1.0), digits=0)

@@ -18,10 +18,19 @@ import torch
 from attention_core.booktools import exercises_distributed
 from attention_core.booktools.code_checks import FunctionSpec, Mistake
 
-__all__ = ["EXERCISES", "partial_softmax", "spec"]
+__all__ = ["EXERCISES", "check_window_rise", "partial_softmax", "spec", "window_loss_rise"]
 
 T = torch.tensor
 NEG_INF = float("-inf")
+
+
+#: Where the library computes attention whole (any backend, any wrapper): unavailable to every exercise that
+#: asks for a softmax or an attention to be written by hand.
+_ATTENTION_MODULES = ("attention_core.functional", "attention_core.backends", "attention_core.multihead",
+                      "attention_core.flex_attention", "attention_core.paged_attention", "attention_core.models")
+#: torch's own attention, under the names a student finds (its bindings included).
+_TORCH_ATTENTION = ("torch.nn.functional.scaled_dot_product_attention", "torch._C._nn.scaled_dot_product_attention",
+                    "torch.ops.aten.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward")
 
 
 def _st() -> Any:
@@ -103,6 +112,7 @@ def _ch01() -> FunctionSpec:
                      "attention_core.kernel_regression.nadaraya_watson",
                      "attention_core.kernel_regression.nadaraya_watson_weights",
                      "attention_core.kernel_regression.NadarayaWatson"),
+        forbidden_modules=("attention_core.kernel_regression",),
         task="to write the boxcar estimate yourself",
         mistakes=(
             Mistake("a query with no key within h divides 0 by 0; its estimate must be 0, not NaN.", _boxcar_unguarded),
@@ -165,9 +175,11 @@ def _ch02() -> FunctionSpec:
             (T([[2.0]]), T([[True]])),  # length 1, kept
         ),
         unavailable=("attention_core.masked_softmax", "attention_core.functional.masked_softmax",
-                     "attention_core.backends.reference.softmax_with_mask"),
+                     "attention_core.backends.reference.softmax_with_mask", *_TORCH_ATTENTION),
         unavailable_globals=("guarded_softmax",),
-        task="to write the masked softmax yourself",
+        forbidden_modules=_ATTENTION_MODULES,
+        task="to write the masked softmax yourself (an attention function such as scaled_dot_product_attention "
+             "computes it whole)",
         mistakes=(
             Mistake("a row whose keys are all masked: softmax of all -inf is NaN, and that row must be zeros.",
                     _softmax_naive),
@@ -251,6 +263,7 @@ def _ch03() -> FunctionSpec:
         ),
         unavailable=("attention_core.models.rnn_attention.AdditiveAttention", "attention_core.scoring.AdditiveScore",
                      "attention_core.models.rnn_attention.AdditiveScore"),
+        forbidden_modules=(*_ATTENTION_MODULES, "attention_core.scoring"),
         task="to write the additive score, the mask and the softmax yourself",
         mistakes=(
             Mistake("padded positions must get weight 0: mask the scores before the softmax.", _bahdanau_unmasked),
@@ -306,6 +319,7 @@ def _ch04() -> FunctionSpec:
                      "attention_core.models.rnn_attention.LuongAttention",
                      "attention_core.models.rnn_attention.gaussian_window",
                      "attention_core.models.rnn_attention.masked_softmax"),
+        forbidden_modules=_ATTENTION_MODULES,
         task="to write the window, the softmax and the Gaussian yourself",
         mistakes=(
             Mistake("the Gaussian's sigma is D/2, not D.", lambda s, c, D: _local(s, c, D, sigma=D)),
@@ -357,9 +371,7 @@ _CAUSAL_MISTAKES = (
 )
 _CAUSAL_UNAVAILABLE = ("attention_core.scaled_dot_product_attention", "attention_core.attention_weights",
                        "attention_core.functional.scaled_dot_product_attention",
-                       "attention_core.functional.attention_weights",
-                       "torch.nn.functional.scaled_dot_product_attention",
-                       "torch._C._nn.scaled_dot_product_attention", "torch.ops.aten.scaled_dot_product_attention")
+                       "attention_core.functional.attention_weights", *_TORCH_ATTENTION)
 
 
 def _large(*shape: int) -> torch.Tensor:
@@ -383,7 +395,8 @@ def _ch05() -> FunctionSpec:
             (T([[1.0, 2.0]]), T([[3.0, -1.0]]), T([[5.0, 6.0]])),  # length 1
             (_large(3, 4), _large(3, 4), _large(3, 4) / 10),  # large scores
         ),
-        unavailable=_CAUSAL_UNAVAILABLE, task="to write the scores, the causal mask and the softmax yourself",
+        unavailable=_CAUSAL_UNAVAILABLE, forbidden_modules=_ATTENTION_MODULES,
+        task="to write the scores, the causal mask and the softmax yourself",
         mistakes=_CAUSAL_MISTAKES,
     )
 
@@ -404,7 +417,8 @@ def _ch08() -> FunctionSpec:
             (T([1.0, 2.0]).view(1, 1, 1, 2), T([3.0, -1.0]).view(1, 1, 1, 2), T([5.0, 6.0]).view(1, 1, 1, 2)),
             (_large(2, 1, 3, 4), _large(2, 1, 3, 4), _large(2, 1, 3, 4) / 10),  # large scores
         ),
-        unavailable=_CAUSAL_UNAVAILABLE, task="to write the scores, the causal mask and the softmax yourself",
+        unavailable=_CAUSAL_UNAVAILABLE, forbidden_modules=_ATTENTION_MODULES,
+        task="to write the scores, the causal mask and the softmax yourself",
         mistakes=_CAUSAL_MISTAKES,
     )
 
@@ -467,7 +481,8 @@ def _ch06() -> FunctionSpec:
         ),
         dtype=("x's dtype", lambda x, *_: x.dtype),
         unavailable=("attention_core.MultiHeadAttention", "attention_core.multihead.MultiHeadAttention",
-                     "torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward"),
+                     "torch.nn.MultiheadAttention", *_TORCH_ATTENTION),
+        forbidden_modules=_ATTENTION_MODULES,
         task="to write the projections, the heads and the causal attention yourself",
         mistakes=(
             Mistake("query i of every head sees keys j <= i only: apply the causal mask.",
@@ -526,6 +541,7 @@ def _ch07() -> FunctionSpec:
         ),
         dtype=("x's dtype", lambda x, positions: x.dtype),
         unavailable=("attention_core.positional.apply_rotary", "attention_core.positional.RotaryEmbedding"),
+        forbidden_modules=("attention_core.positional", "attention_core.models"),
         task="to write the rotation of each pair yourself",
         mistakes=(
             Mistake("pair i is made of features i and i + E/2 here, not of neighbours 2i and 2i + 1.",
@@ -598,6 +614,7 @@ def _ch09() -> FunctionSpec:
         ),
         prepare=lambda s1, v1, s2, v2: (*partial_softmax(s1, v1), *partial_softmax(s2, v2)),
         collect=_merge_collect, output_names=("o / l", "m", "l"),
+        forbidden_modules=_ATTENTION_MODULES,
         task="to write the merge of two partial results yourself",
         mistakes=(
             Mistake("the two sums are measured from different maxima: rescale each to the common maximum before "
@@ -642,6 +659,7 @@ def _ch10() -> FunctionSpec:
             (T([[[-2.0, 0.5, 3.0]]], dtype=f64), T([[True]])),  # one token
         ),
         unavailable=("attention_core.pretrained.mean_pool", "attention_core.models.bert.mean_pool"),
+        forbidden_modules=("attention_core.pretrained", "attention_core.models", "attention_core.sentences"),
         task="to write the masked mean yourself",
         mistakes=(
             Mistake("padding tokens are left out: average only the vectors where mask is True.",
@@ -685,6 +703,8 @@ def _ch11() -> FunctionSpec:
         dtype=("a bool tensor", lambda L, S, window: torch.bool),
         unavailable=("attention_core.models.language_model.cached_causal_mask", "attention_core.masks.causal_mask",
                      "attention_core.masks.sliding_window_mask"),
+        forbidden_modules=("attention_core.masks", "attention_core.mask_mods", "attention_core.sparse_patterns",
+                           "attention_core.serving", *_ATTENTION_MODULES),
         task="to build the decode-step mask yourself",
         mistakes=(
             Mistake("the L queries are the last L of the S key slots: query i sits at slot S - L + i.",
@@ -695,6 +715,38 @@ def _ch11() -> FunctionSpec:
                     lambda L, S, w: _decode(L, S, w, no_window=True)),
         ),
     )
+
+
+# ------------------------------------------------------------------------- ch. 11, exercise 3: a shorter window
+
+
+def window_loss_rise(model: Any, inputs: torch.Tensor, targets: torch.Tensor, window: int, *, baseline: int = 128,
+                     start: int = 512) -> float:
+    """How much higher the mean per-token loss on positions ``start`` onwards is with a rolling cache of
+    ``window`` keys than with one of ``baseline`` keys, on the passage ``inputs`` (1, L) -> ``targets`` (1, L).
+    Computed on whatever passage is given (chapter 11's exercise 3 and its check)."""
+    import torch.nn.functional as F
+
+    if not (isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor)) or inputs.shape != targets.shape:
+        raise ValueError(f"inputs and targets must be tensors of one shape (1, L), got "
+                         f"{getattr(inputs, 'shape', inputs)} and {getattr(targets, 'shape', targets)}")
+    if inputs.dim() != 2 or inputs.shape[0] != 1 or not 0 <= start < inputs.shape[1]:
+        raise ValueError(f"inputs must be (1, L) with L > start = {start}, got shape {tuple(inputs.shape)}")
+    losses = []
+    with torch.no_grad():
+        for w in (window, baseline):
+            logits = model(inputs, model.new_cache(window=w)).logits[0]  # (L, V)
+            losses.append(F.cross_entropy(logits, targets[0], reduction="none")[start:].mean().item())
+    return losses[0] - losses[1]
+
+
+def check_window_rise(rise: float, model: Any, inputs: torch.Tensor, targets: torch.Tensor, window: int = 32, *,
+                      baseline: int = 128, start: int = 512, atol: float = 1e-3) -> bool:
+    """Whether ``rise`` is the rise of the loss (window ``window`` against ``baseline``, positions ``start``
+    onwards) on this passage, recomputed here: the check holds on any passage, since it measures the one given."""
+    if isinstance(rise, bool) or not isinstance(rise, (int, float)) or not math.isfinite(rise):
+        return False
+    return abs(rise - window_loss_rise(model, inputs, targets, window, baseline=baseline, start=start)) <= atol
 
 
 # ------------------------------------------------------------------------------ ch. 12: causal linear attention
@@ -737,6 +789,7 @@ def _ch12() -> FunctionSpec:
         unavailable=("attention_core.linear_attention.linear_attention",
                      "attention_core.linear_attention.linear_attention_recurrent",
                      "attention_core.linear_attention.linear_attention_chunked"),
+        forbidden_modules=("attention_core.linear_attention", "attention_core.shakespeare", *_ATTENTION_MODULES),
         task="to write causal linear attention yourself",
         mistakes=(
             Mistake("the feature map is elu(x) + 1: elu alone is negative for x < 0, and the normalizer can vanish.",
@@ -793,6 +846,7 @@ def _ch13() -> FunctionSpec:
         unavailable=("attention_core.explain.attention_rollout", "attention_core.explain.attribution.attention_rollout",
                      "attention_core.explain.residual_attention",
                      "attention_core.explain.attribution.residual_attention"),
+        forbidden_modules=("attention_core.explain",),
         task="to roll the layers out yourself",
         mistakes=(
             Mistake("each layer's map is (A + I) / 2: the residual connection keeps half of every token.",
@@ -836,8 +890,10 @@ def _ch14() -> FunctionSpec:
         "patchify", _patchify_reference, patch_inputs(), atol=0.0, rtol=0.0, max_examples=40,
         arg_names=("images", "patch_size"),
         examples=((ar(1, 1, 4, 4), 2), (ar(1, 2, 4, 6), 2), (ar(2, 3, 6, 3), 3), (ar(1, 1, 2, 4), 1)),
-        unavailable=("attention_core.models.vit.patchify",),
-        task="to cut the image into patches yourself",
+        unavailable=("attention_core.models.vit.patchify", "torch.nn.functional.unfold", "torch._C._nn.im2col",
+                     "torch.ops.aten.im2col"),
+        forbidden_modules=("attention_core.models", "attention_core.vision"),
+        task="to cut the image into patches yourself (F.unfold computes the whole answer)",
         mistakes=(
             Mistake("a plain reshape to (B, N, C*p*p) mixes pixels of different patches: split H and W into "
                     "(patches, p) first, then move the two patch axes together.",
@@ -905,6 +961,7 @@ def _ch15() -> FunctionSpec:
         ),
         dtype=("p's dtype", lambda p, q: p.dtype),
         unavailable=("attention_core.serving.speculative.residual_distribution",),
+        forbidden_modules=("attention_core.serving",),
         task="to write the residual distribution yourself",
         mistakes=(
             Mistake("a distribution: divide max(0, p - q) by its sum so that it adds up to 1.",

@@ -28,6 +28,7 @@ import base64
 import binascii
 import html
 import math
+import re
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
@@ -65,8 +66,12 @@ NOT_YET = "\u2717 Not yet"  # ballot x
 _COLORS = {True: "#009E73", False: "#D55E00", None: "#555555"}  # Okabe-Ito green / vermillion / grey
 
 
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?")
+
+
 def parse_number(text: Any) -> float | None:
-    """A float from user input: ``"0.25"``, ``" 1e-3 "``, ``"1/4"``, ``"-3/2"``; ``None`` if it is not one."""
+    """A float from user input: ``"0.25"``, ``" 1e-3 "``, ``"1/4"``, ``"-3/2"``, ``"389,152"`` (commas between
+    groups of three digits, as the chapters write large numbers); ``None`` if it is not one."""
     if isinstance(text, bool):
         return None
     if isinstance(text, (int, float, np.number)):
@@ -76,6 +81,8 @@ def parse_number(text: Any) -> float | None:
     s = text.strip().replace("\u2212", "-")  # accept a typographic minus
     if not s:
         return None
+    if _THOUSANDS.fullmatch(s):
+        s = s.replace(",", "")
     try:
         return float(s)
     except ValueError:
@@ -207,12 +214,32 @@ def decode_text(encoded: str) -> str:
     return _unwrap(encoded, "act1:", "encode_text")
 
 
+def _with_precision(name: str, expected: float, digits: int | None, decimals: int | None) -> tuple[str, float]:
+    """The label that states the precision checked, and the tolerance that accepts the expected value rounded to
+    it (half a unit of its last digit; a more precise answer is accepted too)."""
+    if (digits is None) == (decimals is None):
+        raise ValueError(f"give one of digits or decimals, got digits={digits!r}, decimals={decimals!r}")
+    if digits is not None:
+        if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1:
+            raise ValueError(f"digits must be a positive int, got {digits!r}")
+        exponent = math.floor(math.log10(abs(expected))) - digits + 1 if expected else -digits
+        said = f"{digits} significant figure{'s' if digits > 1 else ''}"
+    else:
+        if isinstance(decimals, bool) or not isinstance(decimals, int) or decimals < 0:
+            raise ValueError(f"decimals must be a non-negative int, got {decimals!r}")
+        exponent = -decimals
+        said = f"{decimals} decimal place{'s' if decimals != 1 else ''}"
+    return f"{name} (to {said})", 0.5 * 10.0**exponent * (1 + 1e-9)
+
+
 class ValueCheck(StaticTwin, widgets.VBox):
     """A numeric self-check whose answer is never shown: a text box, a Check button and a feedback line.
 
     The answer is given encoded (:func:`encode_answer`), so neither the chapter's source nor any output
     shows it; the static twin for the site carries it encoded too and checks in the page. The explanation
     (shown once the answer is right) may be given encoded as well (:func:`encode_text`), as chapters do.
+    ``digits`` (significant figures) or ``decimals`` states the precision checked: the label says it, and the
+    expected value rounded to it (or any answer within half a unit of its last digit) is accepted.
 
     Attributes:
         answer: the ``Text`` widget the reader types into.
@@ -229,8 +256,13 @@ class ValueCheck(StaticTwin, widgets.VBox):
         atol: float = 1e-8,
         hint: str = "",
         explanation: str = "",
+        digits: int | None = None,
+        decimals: int | None = None,
     ) -> None:
         self._expected = decode_answer(answer)
+        if digits is not None or decimals is not None:  # the precision is stated, and a value rounded to it is right
+            name, atol = _with_precision(name, self._expected, digits, decimals)
+            rtol = 0.0
         if isinstance(explanation, str) and explanation.startswith("act1:"):  # written encoded (encode_text)
             explanation = decode_text(explanation)
         self.encoded, self.name, self.rtol, self.atol = answer, name, rtol, atol

@@ -223,6 +223,7 @@ def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: floa
   function unhide(s) {{ return decodeURIComponent(escape(atob(s.split("").reverse().join("")))); }}
   function parse(s) {{
     s = s.trim().replace("\u2212", "-");
+    if (/^[+-]?[0-9]{{1,3}}(,[0-9]{{3}})+(\\.[0-9]*)?$/.test(s)) {{ s = s.replace(/,/g, ""); }}  // 389,152
     var m = s.match(/^(-?[0-9.eE+-]+)\\s*\\/\\s*([0-9.eE+-]+)$/);
     return m ? Number(m[1]) / Number(m[2]) : (s === "" ? NaN : Number(s));
   }}

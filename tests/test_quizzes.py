@@ -1,0 +1,141 @@
+"""Every quiz of the book (the chapters' and the review page's) is answered by knowing, not by its layout.
+
+Read from the notebooks themselves (each quiz cell run with a recording stand-in, as in test_review_quiz.py):
+
+- the right option's position is spread evenly over the four slots, across the whole book and on the review page;
+- the positions follow no sequence pattern (no cycle A, B, C, D, no run of one slot, no fixed period);
+- the right option is not given away by its length (never far longer or far shorter than the others, and the
+  longest in at most a quarter of the quizzes) nor by being the only hedged option;
+- nothing the reader sees before answering gives the answer: the question and the hint do not contain the right
+  option's distinctive words, and the chapter's text after the quiz (its summary) does not state the answer in the
+  words that the quiz's explanation uses to justify it (the tells below, read from each quiz by hand).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_review_quiz import CHAPTERS, REVIEW, _quizzes
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [*CHAPTERS, REVIEW]
+BY_PAGE = {path.name: _quizzes(path) for path in PAGES}
+ALL = [q for page in BY_PAGE.values() for q in page]
+#: words that soften a claim; an option that alone carries one is the careful, hence right-looking, one
+HEDGE = re.compile(r"\b(may|might|can|could|usually|often|generally|typically|likely|perhaps|possibly|probably|"
+                   r"mostly|tends?|alone|by itself|not necessarily|depends)\b", re.I)
+
+#: chapter -> phrases that, visible next to its quiz (stem, hint, summary), would state its answer. Each is the
+#: point the quiz's explanation makes, in the words the chapter uses for it.
+TELLS = {
+    "07": [r"rotat\w* (each pair of )?quer", r"add a (fixed|trained) table"],
+    "11": [r"only the new token"],
+    "12": [r"positive features where it is large", r"trigonometric features where the kernel is small"],
+    "13": [r"so the task does not need", r"very different weights with the same outputs"],
+    "14": [r"same function as a convolution", r"convolution with kernel and stride"],
+    "15": [r"output follows the target exactly", r"follows the target exactly"],
+}
+
+
+def _positions(quizzes: list[dict]) -> list[int]:
+    return [q["answer"] for q in quizzes]
+
+
+def _balanced(positions: list[int], slack: float) -> bool:
+    counts = Counter(positions)
+    even = len(positions) / 4
+    return all(abs(counts[s] - even) <= slack for s in range(4))
+
+
+def _patterned(positions: list[int]) -> str | None:
+    """Why a sequence of positions reads as a pattern, or None."""
+    for i in range(len(positions) - 3):  # four in a cycle, forwards or backwards
+        steps = {(positions[j + 1] - positions[j]) % 4 for j in range(i, i + 3)}
+        if steps in ({1}, {3}):
+            return f"a cycle at {i}: {positions[i:i + 4]}"
+    for i in range(len(positions) - 2):
+        if positions[i] == positions[i + 1] == positions[i + 2]:
+            return f"a run at {i}: {positions[i:i + 3]}"
+    for period in (2, 3, 4, 5):  # a repeating block over the whole sequence
+        if len(positions) >= 2 * period and all(positions[i] == positions[i % period] for i in range(len(positions))):
+            return f"period {period}"
+    return None
+
+
+def test_every_quiz_has_four_options() -> None:
+    assert len(ALL) >= 40, len(ALL)
+    assert {len(q["options"]) for q in ALL} == {4}
+
+
+def test_right_positions_spread_evenly_over_the_book_and_the_review_page() -> None:
+    book = _positions(ALL)
+    assert _balanced(book, slack=1), f"book: {sorted(Counter(book).items())} over {len(book)} quizzes"
+    review = _positions(BY_PAGE[REVIEW.name])
+    assert _balanced(review, slack=1), f"review page: {sorted(Counter(review).items())}"
+    chapters = [q["answer"] for path in CHAPTERS for q in BY_PAGE[path.name]]
+    assert _balanced(chapters, slack=1.25), f"chapter quizzes: {sorted(Counter(chapters).items())}"
+
+
+def test_right_positions_follow_no_pattern() -> None:
+    for name, seq in (("chapters", [q["answer"] for p in CHAPTERS for q in BY_PAGE[p.name]]),
+                      ("review page", _positions(BY_PAGE[REVIEW.name]))):
+        why = _patterned(seq)
+        assert why is None, f"{name}: the right positions {seq} show {why}"
+
+
+def test_no_length_cue() -> None:
+    longest = 0
+    for q in ALL:
+        right = len(q["options"][q["answer"]])
+        others = [len(o) for i, o in enumerate(q["options"]) if i != q["answer"]]
+        assert right <= 1.3 * max(others), f"the right option is by far the longest: {q['question'][:60]!r}"
+        assert right >= 0.7 * min(others), f"the right option is by far the shortest: {q['question'][:60]!r}"
+        longest += right > max(others)
+    assert longest <= len(ALL) / 4, f"the right option is the longest in {longest} of {len(ALL)} quizzes"
+
+
+def test_no_hedge_cue() -> None:
+    for q in ALL:
+        hedged = [bool(HEDGE.search(o)) for o in q["options"]]
+        assert not (hedged[q["answer"]] and sum(hedged) == 1), (
+            f"only the right option is hedged: {q['question'][:60]!r}")
+
+
+def _after_quiz_text(path: Path) -> str:
+    """The markdown after a chapter's quiz (its summary): what a reader sees before or while answering."""
+    cells = nbformat.read(path, as_version=4).cells
+    at = max(i for i, c in enumerate(cells) if c.cell_type == "code" and "exercises.quiz(" in c.source)
+    text = "\n".join(c.source for c in cells[at + 1:] if c.cell_type == "markdown")
+    return re.sub(r"<details>.*?</details>", "", text, flags=re.S)  # folded text is not seen
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.name for p in CHAPTERS])
+def test_no_answer_in_the_stem_hint_or_summary(path: Path) -> None:
+    (q,) = BY_PAGE[path.name]
+    visible = " ".join([q["question"], q["hint"], _after_quiz_text(path)])
+    for tell in TELLS.get(path.name[:2], []):
+        found = re.search(tell, visible, flags=re.I)
+        assert not found, f"{path.name}: {found.group(0)!r} is visible next to the quiz and gives its answer"
+    right = set(re.findall(r"[a-z]{5,}", q["options"][q["answer"]].lower()))
+    stem = set(re.findall(r"[a-z]{5,}", (q["question"] + " " + q["hint"]).lower()))
+    wrong = set().union(*(re.findall(r"[a-z]{5,}", o.lower()) for i, o in enumerate(q["options"]) if i != q["answer"]))
+    given = (right & stem) - wrong  # words only the right option shares with the question or hint
+    assert len(given) < 2, f"{path.name}: the question or hint repeats the right option's words {sorted(given)}"
+
+
+def test_the_checks_can_fail() -> None:
+    """Each check catches the fault it is for: the old positions, a cycle, a long answer, a lone hedge, a tell."""
+    assert not _balanced([1] * 12 + [2] * 3, slack=1.25)  # the chapters' old positions
+    assert _patterned([0, 1, 2, 3, 0, 1, 2, 3, 0]) and _patterned([2, 1, 1, 1, 0]) and _patterned([0, 2] * 4)
+    assert _patterned([3, 0, 1, 2, 1]) and _patterned([2, 1, 0, 3, 3])  # a cycle inside, forwards and backwards
+    assert _patterned([2, 0, 3, 1, 1, 3, 0, 2]) is None
+    assert HEDGE.search("Little by itself: the weight scales the value, which may be small")
+    assert HEDGE.search("Little alone: it scales the value") and HEDGE.search("it depends on the values")
+    old_07 = "RoPE rotates each pair of query and key features by position times frequency"
+    assert any(re.search(t, old_07, flags=re.I) for t in TELLS["07"])
+    old_14 = "its patch embedding is one linear layer, the same function as a convolution with kernel and stride $p$."
+    assert any(re.search(t, old_14, flags=re.I) for t in TELLS["14"])
