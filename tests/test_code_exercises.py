@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import types
 from pathlib import Path
 
@@ -62,25 +63,34 @@ def _recode(code: types.CodeType) -> types.CodeType:
     return code.replace(co_filename="<a student's copy>", co_consts=consts)
 
 
-_OWN_GLOBALS: dict = {}
+_OWN_GLOBALS: dict = {}  # module name -> the globals a student's copies of that module's helpers run in
+
+
+def _spec_module(value) -> bool:
+    """A function of a module that defines exercises (chapter_exercises or a chapter's own spec module)."""
+    mod = sys.modules.get(getattr(value, "__module__", None) or "")
+    return (isinstance(value, types.FunctionType) and mod is not None
+            and mod.__name__.startswith("attention_core.booktools.") and hasattr(mod, "__file__")
+            and (mod is ce or "FunctionSpec" in vars(mod) or "exercises" in mod.__name__.rsplit(".", 1)[-1]))
 
 
 def _outside(value):
-    """``value`` with every function of chapter_exercises it holds or reaches replaced by a student's copy."""
-    if not isinstance(value, types.FunctionType) or value.__module__ != ce.__name__:
+    """``value`` with every function of an exercise-spec module it holds or reaches replaced by a student's copy."""
+    if not _spec_module(value):
         return value
-    if not _OWN_GLOBALS:
-        _OWN_GLOBALS.update(vars(ce))
-        for key, obj in list(_OWN_GLOBALS.items()):
-            if isinstance(obj, types.FunctionType) and obj.__module__ == ce.__name__:
-                _OWN_GLOBALS[key] = _copy(obj)
     return _copy(value)
 
 
 def _copy(fn):
+    own = _OWN_GLOBALS.get(fn.__module__)
+    if own is None:
+        own = _OWN_GLOBALS[fn.__module__] = dict(vars(sys.modules[fn.__module__]))
+        for key, obj in list(own.items()):
+            if _spec_module(obj) and obj.__module__ == fn.__module__:
+                own[key] = _copy(obj)
     cells = tuple(types.CellType(_outside(c.cell_contents)) for c in fn.__closure__ or ())
     defaults = tuple(_outside(d) for d in fn.__defaults__) if fn.__defaults__ else fn.__defaults__
-    out = types.FunctionType(_recode(fn.__code__), _OWN_GLOBALS, fn.__name__, defaults, cells or None)
+    out = types.FunctionType(_recode(fn.__code__), own, fn.__name__, defaults, cells or None)
     out.__kwdefaults__ = fn.__kwdefaults__
     return out
 
