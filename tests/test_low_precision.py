@@ -189,6 +189,10 @@ def test_threshold_skips_rescales_and_keeps_the_output():
     vh = torch.tensor([[1.0], [2.0], [3.0]], dtype=F64)
     r = lp.simulate_attention(qh, kh, vh, lp.Recipe("fp64"), scale=1.0, block_k=1, rescale_threshold=2.0)
     assert (r.rescales, r.skipped) == (1, 1)
+    assert (1 / lp._LOG2E) * lp._LOG2E == 1.0  # so scale = 1 / log2(e) gives base-2 scores q.k exactly
+    edge = lp.simulate_attention(qh, torch.tensor([[0.0], [2.0]], dtype=F64), vh[:2], lp.Recipe("fp64"),
+                                 scale=1 / lp._LOG2E, block_k=1, rescale_threshold=2.0)
+    assert (edge.rescales, edge.skipped) == (0, 1)  # growth exactly tau is skipped, as FA4's `>= -threshold`
     w = torch.tensor([1.0, 2.0, 1024.0], dtype=F64)
     assert torch.allclose(r.out, (w @ vh / w.sum())[None], atol=1e-14, rtol=0)
 
