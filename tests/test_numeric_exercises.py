@@ -86,6 +86,8 @@ MISTAKES: dict[tuple[str, str], list[float]] = {
     ("14", "tokens of a 224 x 224 image"): [196, 14, 256, (224 // 14) ** 2 + 1],
     # every draft kept; gamma * alpha; one power short; only the last draft counted
     ("15", "tokens per step"): [5.0, 4 * 0.8, (1 - 0.8**4) / (1 - 0.8), 1 + 4 * 0.8**4],
+    # one below (64 * 31^2 = 61504 fits); one above; the scaled score 8 c^2 > 65504; c^2 > 65504 without E
+    ("18", "smallest c"): [31.0, 33.0, 91.0, 256.0],
 }
 
 

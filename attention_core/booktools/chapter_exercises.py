@@ -922,6 +922,8 @@ def _ch15() -> FunctionSpec:
 
 # ------------------------------------------------------------------------------------------------------ index
 
+from attention_core.booktools.exercises_low_precision import ch18_spec as _ch18  # noqa: E402
+
 _BUILDERS: Dict[str, Callable[[], FunctionSpec]] = {
     "ch01.boxcar_nw": _ch01,
     "ch02.masked_softmax": _ch02,
@@ -938,6 +940,7 @@ _BUILDERS: Dict[str, Callable[[], FunctionSpec]] = {
     "ch13.rollout": _ch13,
     "ch14.patchify": _ch14,
     "ch15.residual": _ch15,
+    "ch18.fake_quantize_blocks": _ch18,
 }
 #: The chapters' code exercises, by name (``"chNN.function"``).
 EXERCISES = tuple(_BUILDERS)
