@@ -27,17 +27,17 @@ import torch.nn.functional as F  # noqa: E402
 import attention_core as ac  # noqa: E402
 from attention_core import explain, masks, pretrained  # noqa: E402
 from attention_core import linear_attention as la  # noqa: E402
+from attention_core import low_precision as lp  # noqa: E402
 from attention_core.backends.reference import softmax_with_mask  # noqa: E402
 from attention_core.booktools import chapter_exercises as ce  # noqa: E402
 from attention_core.booktools import code_checks, exercises  # noqa: E402
+from attention_core.booktools import exercises_low_precision as elp  # noqa: E402
 from attention_core.functional import masked_softmax as lib_masked_softmax  # noqa: E402
 from attention_core.models import language_model as lm  # noqa: E402
 from attention_core.models import rnn_attention as ra  # noqa: E402
 from attention_core.models import vit  # noqa: E402
 from attention_core.models.rnn_attention import AdditiveAttention, local_attention_weights  # noqa: E402
 from attention_core.positional import apply_rotary  # noqa: E402
-from attention_core import low_precision as lp  # noqa: E402
-from attention_core.booktools import exercises_low_precision as elp  # noqa: E402
 from attention_core.serving import speculative  # noqa: E402
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
