@@ -648,7 +648,8 @@ def worked_solution(key):
         src = "".join(cell["source"])
         if cell["cell_type"] == "code" and f"def {name}_solution(" in src:
             exec(compile(src, f"<{key} worked solution>", "exec"), namespace)  # noqa: S102 - the book's own code
-            return namespace[f"{name}_solution"]
+            # taken out of its namespace: a spec may make the page's worked solution unavailable to the reader
+            return namespace.pop(f"{name}_solution")
         if cell["cell_type"] == "markdown":
             for block in re.findall(r"```python\n(.*?)```", src, flags=re.S):
                 for defined in (f"{name}_solution", name):
@@ -766,6 +767,18 @@ def test_library_is_unavailable_while_the_reader_runs_and_restored_after():
     with pytest.raises(ZeroDivisionError), code_checks.unavailable(spec, namespace):  # restored after an error
         namespace["other"](torch.zeros(1) / 0, 0).item() / 0
     assert ac.masked_softmax is before[0] and namespace["masked_softmax"] is before[0]
+
+
+def test_the_pages_worked_solution_is_unavailable_to_the_reader():
+    """Chapter 18's folded worked solution runs in the reader's namespace: a function calling it is refused."""
+    page = {"torch": torch}  # the notebook's globals: its worked-solution cell, then the reader's cell
+    exec(compile(WORKED_COPIES["ch18.fake_quantize_blocks"].replace("def fake_quantize_blocks(",  # noqa: S102
+                                                                     "def fake_quantize_blocks_solution(")
+                 + "\ndef fake_quantize_blocks(x, block):\n    return fake_quantize_blocks_solution(x, block)\n",
+                 "<ch18 page>", "exec"), page)
+    report = code_checks.check_function(page["fake_quantize_blocks"], ce.spec("ch18.fake_quantize_blocks"))
+    assert report.status == "failed" and "fake_quantize_blocks_solution is not available" in report.message, \
+        report.message
 
 
 @pytest.mark.parametrize("key,fn,arg", IN_PLACE, ids=[k for k, _, _ in IN_PLACE])

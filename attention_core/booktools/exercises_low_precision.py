@@ -81,6 +81,7 @@ def ch18_spec() -> FunctionSpec:
         ),
         dtype=("x's dtype", lambda x, block: x.dtype),
         unavailable=("attention_core.low_precision.fake_quantize", "attention_core.low_precision.quantize_fp8"),
+        unavailable_globals=("fake_quantize_blocks_solution",),  # the page's folded worked solution
         task="to write the block quantisation yourself",
         mistakes=(
             Mistake("the scale maps amax onto e4m3's largest value: scale = amax / 448, not amax.",
