@@ -29,9 +29,11 @@ import torch.nn.functional as F  # noqa: E402
 import attention_core as ac  # noqa: E402
 from attention_core import explain, masks, pretrained  # noqa: E402
 from attention_core import linear_attention as la  # noqa: E402
+from attention_core import low_precision as lp  # noqa: E402
 from attention_core.backends.reference import softmax_with_mask  # noqa: E402
 from attention_core.booktools import chapter_exercises as ce  # noqa: E402
 from attention_core.booktools import code_checks, exercises  # noqa: E402
+from attention_core.booktools import exercises_low_precision as elp  # noqa: E402
 from attention_core.functional import masked_softmax as lib_masked_softmax  # noqa: E402
 from attention_core.models import language_model as lm  # noqa: E402
 from attention_core.models import rnn_attention as ra  # noqa: E402
@@ -48,7 +50,8 @@ NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch0
             "ch12": "12_beyond_dense_attention",
             "ch13": "13_attention_as_explanation",
             "ch14": "14_vision_transformer",
-            "ch15": "15_serving", "ch16": "16_attention_across_devices"}
+            "ch15": "15_serving", "ch16": "16_attention_across_devices",
+            "ch18": "18_low_precision"}
 NEG_INF = float("-inf")
 LIBRARY = "is not available while your"  # what a blocked library function says
 
@@ -462,6 +465,15 @@ EXTRA = {
     "ch14.patchify": (CH14, [lambda x, p: vit.patchify(x, p), lambda x, p: _LIBRARY_IN_A_DICT["pf"](x, p)]),
     "ch15.residual": (CH15, CH15_LIBRARY),
     "ch16.zigzag_block_mask": (_ch16.EXTRA_MISTAKES, _ch16.LIBRARY),
+    "ch18.fake_quantize_blocks": ([
+        ("float32 whatever x's dtype", lambda x, b: elp.fake_quantize_blocks_mistake(x, b).float()),
+        ("the scale of the block's first row only", lambda x, b: torch.cat([
+            elp.fake_quantize_blocks_mistake(x[r:r + b], b, per_tensor=True) if x[r].abs().amax() == 0 else
+            (x[r:r + b] / (x[r].abs().amax() / 448)).to(torch.float8_e4m3fn).to(x.dtype) * (x[r].abs().amax() / 448)
+            for r in range(0, x.shape[0], b)])),
+        ("float16 instead of FP8", lambda x, b: elp.fake_quantize_blocks_mistake(x, b, dtype=torch.float16)),
+    ], [lambda x, b: lp.fake_quantize(x, block_size=b),
+        lambda x, b: lp.quantize_fp8(x, "e4m3", block_size=b).dequantize(x.dtype)]),
 }
 MUTANTS: dict = {}
 for _key in ce.EXERCISES:
@@ -595,6 +607,17 @@ def _ch13_float32_loop(maps):
     return out
 
 
+def _ch18_padded(x, block):  # all blocks at once: pad the rows to a multiple of the block, one amax per block
+    L, E = x.shape
+    xc = x.double() if x.dtype == torch.float64 else x.float()
+    nb = -(-L // block)
+    padded = torch.cat([xc, xc.new_zeros(nb * block - L, E)]).view(nb, block, E)  # (nb, block, E)
+    amax = padded.abs().amax(dim=(1, 2), keepdim=True)  # (nb, 1, 1)
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / 448)
+    out = (padded / scale).to(torch.float8_e4m3fn).to(xc.dtype) * scale
+    return out.view(nb * block, E)[:L].to(x.dtype)
+
+
 ALTERNATIVES = {"ch01.boxcar_nw": [_ch01_loop], "ch02.masked_softmax": [_ch02_where],
                 "ch03.bahdanau_weights": [_ch03_einsum], "ch04.local_p_weights": [_ch04_gauss_first],
                 "ch05.causal_attention": [_ch05_einsum], "ch06.causal_multi_head": [_ch06_alt],
@@ -603,7 +626,7 @@ ALTERNATIVES = {"ch01.boxcar_nw": [_ch01_loop], "ch02.masked_softmax": [_ch02_wh
                 "ch11.decode_mask": [_ch11_triangles],
                 "ch12.causal_linear_attention": [_ch12_running_sums], "ch13.rollout": [_ch13_float32_loop],
                 "ch14.patchify": [_ch14_unfold, _ch14_loops],
-                "ch15.residual": [_ch15_loop]}
+                "ch15.residual": [_ch15_loop], "ch18.fake_quantize_blocks": [_ch18_padded]}
 
 
 # ------------------------------------------------------------------------------------------ worked solutions
@@ -726,6 +749,16 @@ def residual(p, q):
     mass = r.sum(-1, keepdim=True)
     return torch.where(mass > 0, r / mass, p)
 """,
+    "ch18.fake_quantize_blocks": """
+def fake_quantize_blocks(x, block):
+    out = torch.empty_like(x)
+    for r0 in range(0, x.shape[0], block):
+        part = x[r0:r0 + block]
+        amax = part.abs().amax()
+        scale = amax / 448 if amax > 0 else torch.ones_like(amax)
+        out[r0:r0 + block] = (part / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+    return out
+""",
 }
 
 
@@ -835,6 +868,7 @@ STATEMENT_OUTPUT = {
     "ch13.rollout": "[[0.75, 0.25], [0.5, 0.5]]",
     "ch14.patchify": "[[[0.0, 1.0, 4.0, 5.0], [2.0, 3.0, 6.0, 7.0], [8.0, 9.0, 12.0, 13.0], [10.0, 11.0, 14.0, 15.0]]]",
     "ch15.residual": "[0.6667, 0.3333, 0.0]",
+    "ch18.fake_quantize_blocks": "[[448.0, 1.0], [0.5, 0.0], [7.0, -3.25]]",
 }
 
 
@@ -854,6 +888,18 @@ def test_library_is_unavailable_while_the_reader_runs_and_restored_after():
     with pytest.raises(ZeroDivisionError), code_checks.unavailable(spec, namespace):  # restored after an error
         namespace["other"](torch.zeros(1) / 0, 0).item() / 0
     assert ac.masked_softmax is before[0] and namespace["masked_softmax"] is before[0]
+
+
+def test_the_pages_worked_solution_is_unavailable_to_the_reader():
+    """Chapter 18's folded worked solution runs in the reader's namespace: a function calling it is refused."""
+    page = {"torch": torch}  # the notebook's globals: its worked-solution cell, then the reader's cell
+    exec(compile(WORKED_COPIES["ch18.fake_quantize_blocks"].replace("def fake_quantize_blocks(",  # noqa: S102
+                                                                     "def fake_quantize_blocks_solution(")
+                 + "\ndef fake_quantize_blocks(x, block):\n    return fake_quantize_blocks_solution(x, block)\n",
+                 "<ch18 page>", "exec"), page)
+    report = code_checks.check_function(page["fake_quantize_blocks"], ce.spec("ch18.fake_quantize_blocks"))
+    assert report.status == "failed" and "fake_quantize_blocks_solution is not available" in report.message, \
+        report.message
 
 
 @pytest.mark.parametrize("key,fn,arg", IN_PLACE, ids=[k for k, _, _ in IN_PLACE])

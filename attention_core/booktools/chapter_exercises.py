@@ -980,6 +980,8 @@ def _ch15() -> FunctionSpec:
 
 # ------------------------------------------------------------------------------------------------------ index
 
+from attention_core.booktools.exercises_low_precision import ch18_spec as _ch18  # noqa: E402
+
 _BUILDERS: Dict[str, Callable[[], FunctionSpec]] = {
     "ch01.boxcar_nw": _ch01,
     "ch02.masked_softmax": _ch02,
@@ -997,6 +999,7 @@ _BUILDERS: Dict[str, Callable[[], FunctionSpec]] = {
     "ch14.patchify": _ch14,
     "ch15.residual": _ch15,
     "ch16.zigzag_block_mask": lambda: exercises_distributed.build(),  # its spec lives in exercises_distributed
+    "ch18.fake_quantize_blocks": _ch18,
 }
 #: The chapters' code exercises, by name (``"chNN.function"``).
 EXERCISES = tuple(_BUILDERS)
