@@ -1044,7 +1044,7 @@ def test_right_values_in_another_dtype_get_no_mistake_named(key):
     assert not _names_a_known_mistake(key, report.message), report.message
 
 
-TENSOR_INPUT = [key for key in ce.EXERCISES if key != "ch11.decode_mask"]
+TENSOR_INPUT = [key for key in ce.EXERCISES if key not in ("ch11.decode_mask", "ch16.zigzag_block_mask")]  # ints in
 
 
 @pytest.mark.parametrize("key", TENSOR_INPUT)

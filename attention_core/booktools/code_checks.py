@@ -592,7 +592,9 @@ def check_function(fn: Callable[..., Any], spec: FunctionSpec) -> CheckReport:
         lines.append(_labelled("expected", _fmt_output(expected, spec)))
         if got is not None:
             lines.append(_labelled("received", _fmt_output(got, spec)))
-            hint = _hint(fn, got, args, expected, spec) if problem.startswith("values") else None
+            # a mistake is named for wrong values, or a wrong shape the mistake itself gives (never a dtype)
+            named = problem.startswith("values") or " has shape " in problem
+            hint = _hint(fn, got, args, expected, spec) if named else None
             hint = hint or _neutral_hint(got, expected)
             if hint:
                 lines.append(f"Hint: {hint}")
