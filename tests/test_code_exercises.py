@@ -898,7 +898,7 @@ def test_the_pages_worked_solution_is_unavailable_to_the_reader():
                  + "\ndef fake_quantize_blocks(x, block):\n    return fake_quantize_blocks_solution(x, block)\n",
                  "<ch18 page>", "exec"), page)
     report = code_checks.check_function(page["fake_quantize_blocks"], ce.spec("ch18.fake_quantize_blocks"))
-    assert report.status == "failed" and "fake_quantize_blocks_solution is not available" in report.message, \
+    assert report.status == "failed" and "fake_quantize_blocks_solution) is not available" in report.message, \
         report.message
 
 

@@ -15,6 +15,8 @@ triton = pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("compiles the kernel as a GPU would; the interpreter replaces @triton.jit", allow_module_level=True)
 
+import triton.language as tl  # noqa: E402
+
 from attention_core.backends import triton_inspect  # noqa: E402
 from attention_core.backends.triton_paged import _paged_fwd  # noqa: E402
 
@@ -31,7 +33,8 @@ def _compile(arch: int, dtype: str, E: int, block_size: int):
               "stride_vn": 2 * block_size * E, "stride_vh": block_size * E, "stride_vs": E,
               "stride_bt": 7, "stride_ob": 8 * 3 * E, "stride_oh": 3 * E, "stride_ol": E,
               "qk_scale": 0.5, "L": 3, "E": E, "EV": E, "GROUP": 4,
-              "BLOCK_SIZE": block_size, "BLOCK_E": triton.next_power_of_2(E), "BLOCK_EV": triton.next_power_of_2(E)}
+              "BLOCK_SIZE": block_size, "BLOCK_E": triton.next_power_of_2(E), "BLOCK_EV": triton.next_power_of_2(E),
+              "CT": tl.float32}  # the compute type the launcher passes for fp16/fp32 inputs
     signature, constexprs, attrs = triton_inspect._signature(_paged_fwd, values)
     log = io.StringIO()
     with tempfile.TemporaryDirectory() as tmp:
