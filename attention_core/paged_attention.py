@@ -205,7 +205,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         ``seq_lens`` and the blocks that padding entries of the table point at, never reach it.
 
     Raises:
-        TypeError / ValueError naming the argument for a bad input; :class:`attention_core.TooLargeError` (a
+        TypeError / ValueError naming the argument for a bad input; ``attention_core.TooLargeError`` (a
         ``ValueError``) when the sequences cannot be read in this device's memory.
     """
     scale = _check(query, key_cache, value_cache, block_table, seq_lens, scale, path)

@@ -3,7 +3,7 @@
 ``zigzag_block_mask(L, P, q_rank, k_rank)`` returns the bool (n_q, n_k) mask, True where query row i of
 rank ``q_rank`` may attend to key row j of rank ``k_rank``, when a sequence of L positions is cut into 2P chunks
 as ``torch.tensor_split`` cuts it and rank r holds chunks r and 2P-1-r. Registered in
-:data:`attention_core.booktools.chapter_exercises.EXERCISES` as ``"ch16.zigzag_block_mask"``.
+``attention_core.booktools.chapter_exercises.EXERCISES`` as ``"ch16.zigzag_block_mask"``.
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ With P ranks, rank r holds the queries, keys and values of its shard of the sequ
 (r - s) mod P; it posts the send of that block to rank r+1 and the receive of the next one from rank r-1
 (one ``dist.batch_isend_irecv``), computes its queries against the block it holds while they travel, and
 merges the block's partial result into its running one by the log-sum-exp merge of the online softmax
-(:func:`attention_core.backends.chunked.merge_partials`). After P steps each query has seen every key once.
+(``attention_core.backends.chunked.merge_partials``). After P steps each query has seen every key once.
 
 The backward pass runs the same ring: the key/value blocks travel again, and each block's gradient
 accumulator (dK, dV) travels *with* it, collecting every rank's contribution, and makes one last hop home.
-Per block, the work is the library's chunked kernel (:func:`~attention_core.backends.chunked.forward_with_lse`,
-:func:`~attention_core.backends.chunked.backward_with_lse`); no softmax is written here.
+Per block, the work is the library's chunked kernel (``attention_core.backends.chunked.forward_with_lse``,
+``backward_with_lse``); no softmax is written here.
 
 Causal masks: the mask between a query shard and a key shard follows from their global positions. Each shard
 is a few runs of positions with one stride (:func:`~attention_core.distributed.layout.segments`); between two

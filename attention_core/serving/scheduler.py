@@ -89,7 +89,7 @@ def _check(requests: Sequence[Request], max_batch: int) -> Dict[int, Request]:
 
 
 def check_steps(requests: Sequence[Request]) -> int:
-    """The step bound of a (checked) trace; raises :class:`~attention_core._checks.TooLargeError` when a
+    """The step bound of a (checked) trace; raises ``TooLargeError`` when a
     schedule that long (one record per step) could not be held in memory, before any step runs."""
     bound = _step_bound(requests)
     shown = min(bound, 2**63)  # a 400-digit bound must not overflow the message's float
