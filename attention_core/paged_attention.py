@@ -205,8 +205,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         ``seq_lens`` and the blocks that padding entries of the table point at, never reach it.
 
     Raises:
-        TypeError / ValueError naming the argument for a bad input; ``attention_core.TooLargeError`` (a
-        ``ValueError``) when the sequences cannot be read in this device's memory.
+        TypeError: an argument of the wrong type (the message names it).
+        ValueError: a bad value or shape (the message names the argument); ``attention_core.TooLargeError``, a
+            ``ValueError``, when the sequences cannot be read in this device's memory.
     """
     scale = _check(query, key_cache, value_cache, block_table, seq_lens, scale, path)
     B, Hq, L, _ = query.shape
