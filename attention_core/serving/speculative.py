@@ -129,7 +129,12 @@ def next_token_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     temperature = check_real(temperature, "temperature", low=0.0)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-    return torch.softmax(logits / temperature, dim=-1)
+    scaled = logits / temperature
+    if not bool(torch.isfinite(scaled).all()) and bool(torch.isfinite(logits).all()):
+        # a tiny temperature overflows logits / t: shift by the row's max first (softmax is shift-invariant),
+        # so the largest logit gives 0 and the others -inf at worst: the greedy limit, not NaN
+        scaled = (logits - logits.amax(-1, keepdim=True)) / temperature
+    return torch.softmax(scaled, dim=-1)
 
 
 def _truncate(cache: KVCache, n: int) -> None:
