@@ -47,7 +47,7 @@ from attention_core._checks import (
     fmt_shape,
     short_repr,
 )
-from attention_core._nonfinite import all_finite, bad_rows, empty_result
+from attention_core._nonfinite import all_finite, bad_rows, empty_result, nan_rows, zero_nonfinite
 from attention_core.mask_mods import (
     MaskMod,
     ScoreMod,
@@ -318,12 +318,7 @@ def _nonfinite(query, key, value, block_mask):
         bi, hi, qi = (x.view(-1, 1) for x in bad[n0:n0 + step].unbind(1))  # (n, 1) each
         alive = call_mask_mod(mask_mod, bi, hi, qi, kv, (bi.shape[0], S)).any(-1)  # (n,)
         rows[bi[:, 0], hi[:, 0], qi[:, 0]] |= alive
-    poison = torch.zeros(B, H, L, 1, dtype=query.dtype, device=query.device).masked_fill(rows[..., None], math.nan)
-
-    def clean(t: torch.Tensor) -> torch.Tensor:
-        return t.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-
-    return clean(query), clean(key), clean(value), poison
+    return zero_nonfinite(query), zero_nonfinite(key), zero_nonfinite(value), nan_rows(rows[..., None], query)
 
 
 def flex_attention(
