@@ -27,6 +27,7 @@ import torch
 
 from attention_core._checks import check_fits, check_scale, check_tensor, fmt_shape, short_repr
 from attention_core._nonfinite import all_finite, bad_rows, check_on_host, zero_nonfinite
+from attention_core.backends.inputs import compute_dtype
 from attention_core.functional import scaled_dot_product_attention
 
 __all__ = ["gather_paged_kv", "paged_attention", "PAGED_PATHS"]
@@ -115,11 +116,6 @@ def gather_paged_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len:
     n = -(-seq_len // bs)
     blocks = cache[block_table_row[:n].long()]  # (n, H, bs, E)
     return blocks.transpose(0, 1).flatten(1, 2)[:, :seq_len]  # (n, H, bs, E) -> (H, n * bs, E) -> (H, S, E)
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype paged attention computes in: float64 stays float64, everything else runs in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _gather(query, key_cache, value_cache, block_table, seq_lens, scale):

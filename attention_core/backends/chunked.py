@@ -52,7 +52,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from attention_core._checks import check_int
-from attention_core.backends.inputs import AttentionInputs, BackendResult, no_weights, scale_or_default
+from attention_core.backends.inputs import AttentionInputs, BackendResult, compute_dtype, no_weights, scale_or_default
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "backward_with_lse", "chunked_attention", "forward_with_lse", "merge_partials",
            "run", "supports"]
@@ -71,11 +71,6 @@ _LN2 = 0.6931471805599453  # ln(2) == 1 / _LOG2E
 
 
 # ------------------------------------------------------------------------------------------------ tiles
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Half-precision inputs are computed in float32: the running sums would lose digits tile after tile."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 class _Scratch:
@@ -106,7 +101,7 @@ class _Tiles:
         B, Hq, L, E = query.shape
         H, S = key.shape[1], key.shape[2]
         self.B, self.H, self.G, self.L, self.S = B, H, Hq // H, L, S
-        self.dtype = dt = _compute_dtype(query.dtype)
+        self.dtype = dt = compute_dtype(query.dtype)  # half precision in float32: sums lose digits tile after tile
         self.q = query.to(dt).reshape(B * H, self.G, L, E)  # (B, Hq, L, E) -> (B*H, G, L, E)
         self.k = key.to(dt).reshape(B * H, S, E)  # (B, H, S, E) -> (B*H, S, E)
         self.v = value.to(dt).reshape(B * H, S, value.shape[-1])  # (B, H, S, Ev) -> (B*H, S, Ev)
@@ -333,7 +328,7 @@ def _forward_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, att
 @_forward_op.register_fake
 def _(query, key, value, attn_mask, is_causal, scale, block_q, block_k):
     B, Hq, L, _ = query.shape
-    H, dt = key.shape[1], _compute_dtype(query.dtype)
+    H, dt = key.shape[1], compute_dtype(query.dtype)
     return (query.new_empty((B, Hq, L, value.shape[-1]), dtype=dt),
             query.new_empty((B * H, Hq // max(H, 1), L, 1), dtype=dt))
 
