@@ -52,6 +52,7 @@ from attention_core.mask_mods import (
     MaskMod,
     ScoreMod,
     call_mask_mod,
+    check_captured,
     dense_mask,
     dense_scores,
     index_grids,
@@ -254,36 +255,6 @@ def _check_inputs(query, key, value, block_mask, scale, enable_gqa) -> tuple[int
     return B, Hq, L, S
 
 
-def _check_captured(score_mod, block_mask, B: int, Hq: int, L: int, S: int, device: torch.device) -> None:
-    """The library's mods index tensors they captured by head, batch row or position: refuse one too short for
-    these inputs (torch's FlexAttention raises an IndexError in eager mode; a compiled kernel would read past
-    the tensor), or on another device, naming the tensor and what it must cover."""
-    checks = []  # (mod, captured name, tensor, dim, needed, what)
-    kind = getattr(score_mod, "flex_kind", None) or ()
-    if kind[:1] == ("alibi",):
-        checks.append(("alibi", "slopes", kind[1], 0, Hq, "query heads (slopes[h])"))
-    elif kind[:1] == ("relative_position_bias",):
-        checks.append(("relative_position_bias", "table", kind[1], 0, Hq, "query heads (table[h])"))
-    kinds = [getattr(block_mask, "mask_mod", None) and getattr(block_mask.mask_mod, "flex_kind", None) or ()]
-    while kinds:
-        k = kinds.pop()
-        if k and k[0] in ("and", "or"):
-            kinds.extend(x for x in k[1:] if x)
-        elif k and k[0] == "document":
-            ids = k[1]
-            checks.append(("document", "document_ids", ids, -1, max(L, S), "positions (max(L, S))"))
-            if ids.dim() == 2:
-                checks.append(("document", "document_ids", ids, 0, B, "batch rows (ids[b])"))
-    for mod, name, t, dim, needed, what in checks:
-        if not isinstance(t, torch.Tensor):
-            continue
-        if t.device != device:
-            raise ValueError(f"the {mod} mod's captured {name} is on {t.device}, the query on {device}: move one")
-        if t.shape[dim] < needed:
-            raise ValueError(f"the {mod} mod's captured {name} of shape {fmt_shape(t.shape)} covers {t.shape[dim]} "
-                             f"{what.split(' (')[0]} in dim {dim}, fewer than the {needed} {what} of these inputs")
-
-
 def _nonfinite(query, key, value, block_mask):
     """The non-finite policy of :func:`attention_core.scaled_dot_product_attention`, with the block mask's
     predicate saying which keys a row reads: a NaN or inf in query row ``i`` makes output row ``i`` NaN (if it
@@ -358,7 +329,8 @@ def flex_attention(
         raise TypeError(f"score_mod must be callable or None, got {type(score_mod).__name__}")
     if backend not in ("chunked", "reference", "triton"):
         raise ValueError(f"backend must be 'chunked', 'reference' or 'triton', got {short_repr(backend)}")
-    _check_captured(score_mod, block_mask, B, Hq, L, S, query.device)
+    for mod in (score_mod, block_mask and block_mask.mask_mod):  # a captured tensor too short for these inputs
+        check_captured(mod, B, Hq, L, S, query.device)
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     H = key.shape[1]
     if query.device.type == "meta":  # no values: the shape, dtype and device of the answer
