@@ -40,10 +40,12 @@ from attention_core._checks import (
     check_device,
     check_fits,
     check_floating,
+    check_rank,
     check_same_device,
     check_same_dtype,
     check_scale,
     check_tensor,
+    check_tensors_fit,
     fmt_shape,
     short_repr,
 )
@@ -221,9 +223,7 @@ def _check_inputs(query, key, value, block_mask, scale, enable_gqa) -> tuple[int
         check_tensor(t, name)
         check_floating(t, name)
     for name, t in named.items():
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D floating tensor (B, H, L or S, E), got shape "
-                             f"{fmt_shape(t.shape)}")
+        check_rank(t, name, (4,), "a 4-D tensor (B, H, L or S, E)")
     check_same_dtype(**named)
     check_same_device(**named)
     check_bool_flag(enable_gqa, "enable_gqa")
@@ -248,10 +248,10 @@ def _check_inputs(query, key, value, block_mask, scale, enable_gqa) -> tuple[int
     scale = check_scale(scale, positive=False)  # any finite number, as the core's SDPA takes
     # refuse what cannot fit before any work: the output, and each input as it is read (a stride-0 expand of a
     # tiny storage can stand for terabytes that every backend reads, element by element)
-    shapes = {name: tuple(t.shape) for name, t in named.items()} | {"the output": (B, Hq, L, value.shape[-1])}
-    for name, shape in shapes.items():
-        check_fits(math.prod(shape) * query.element_size(), f"flex_attention's {name} of shape {fmt_shape(shape)}",
-                   query.device)
+    check_tensors_fit("flex_attention", **named)
+    out_shape = (B, Hq, L, value.shape[-1])
+    check_fits(math.prod(out_shape) * query.element_size(), f"flex_attention's output of shape {fmt_shape(out_shape)}",
+               query.device)
     return B, Hq, L, S
 
 
