@@ -205,6 +205,11 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             ``ValueError``, when the sequences cannot be read in this device's memory.
     """
     scale = _check(query, key_cache, value_cache, block_table, seq_lens, scale, path)
+    return _paged_attention(query, key_cache, value_cache, block_table, seq_lens, scale, path)
+
+
+def _paged_attention(query, key_cache, value_cache, block_table, seq_lens, scale: float, path: str) -> torch.Tensor:
+    """:func:`paged_attention` on arguments already checked (the paged engine checks its batch once per call)."""
     B, Hq, L, _ = query.shape
     if B == 0 or Hq == 0 or L == 0:
         return query.new_zeros(B, Hq, L, value_cache.shape[3])

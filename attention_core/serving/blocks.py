@@ -269,6 +269,11 @@ class PagedKVCache:
                 raise TypeError(f"{name} has dtype {t.dtype} but the pool holds {pool.dtype} (never cast silently)")
             if t.device != pool.device:
                 raise ValueError(f"{name} is on {t.device} but the pool is on {pool.device}")
+        self._write(layer, seq, positions, key, value)
+
+    def _write(self, layer: int, seq: int, positions: range, key: torch.Tensor, value: torch.Tensor) -> None:
+        """:meth:`write` without its checks, for callers that reserved ``positions`` and shaped the tensors."""
+        pool_k, pool_v = self.keys[layer], self.values[layer]
         table = torch.tensor(self.tables[seq], dtype=torch.long)
         pos = torch.arange(positions.start, positions.stop, dtype=torch.long)
         blocks, slots = table[pos // self.block_size], pos % self.block_size  # (T,), (T,)
@@ -282,6 +287,10 @@ class PagedKVCache:
             raise TypeError(f"seqs must be a list of sequence ids, got {type(seqs).__name__}")
         for s in seqs:
             self._seq(s, "seqs")
+        return self._block_table(seqs)
+
+    def _block_table(self, seqs: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`block_table` of sequences known to the pool, without the checks."""
         device = self.keys[0].device
         width = max((len(self.tables[s]) for s in seqs), default=0)
         table = torch.zeros(len(seqs), max(width, 1), dtype=torch.long)
@@ -337,8 +346,11 @@ class PagedSequenceCache(KVCache):
             self._positions = self.paged.reserve(self.seq, key.shape[2])
         if self._positions is None:
             raise RuntimeError("update(layer > 0) before update(layer=0) of the same call")
-        self.paged.write(layer, self.seq, self._positions, key[0], value[0])
-        table, _ = self.paged.block_table([self.seq])
+        if layer == 0:  # the model's tensors, checked once per call: the later layers write them unchecked
+            self.paged.write(layer, self.seq, self._positions, key[0], value[0])
+        else:
+            self.paged._write(layer, self.seq, self._positions, key[0], value[0])
+        table, _ = self.paged._block_table([self.seq])
         S = self.paged.lengths[self.seq]
         k = gather_paged_kv(self.paged.keys[layer], table[0], S)[None]  # (1, H, S, E)
         v = gather_paged_kv(self.paged.values[layer], table[0], S)[None]
