@@ -257,6 +257,25 @@ def test_eval_mode_restores_every_flag_also_on_error():
             pass
 
 
+def test_train_mode_restores_every_flag_also_on_error():
+    import torch.nn as nn
+
+    from attention_core.training.modes import train_mode
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)).eval()
+    model[1].train()  # mixed modes
+    with train_mode(model):
+        assert all(m.training for m in model.modules())
+    assert not model.training and not model[0].training and model[1].training
+    with pytest.raises(RuntimeError):
+        with train_mode(model):
+            raise RuntimeError("boom")
+    assert not model.training and not model[0].training and model[1].training
+    with pytest.raises(TypeError, match="train_mode expects"):
+        with train_mode(model, 3):
+            pass
+
+
 # ------------------------------------------------------------------------------------------------ modes (issue 37)
 
 
@@ -269,6 +288,7 @@ def _mode_cases():
     from attention_core.models.vit import VisionTransformer
     from attention_core.shakespeare import heads, hybrid
     from attention_core.shakespeare import train as shakespeare_train
+    from attention_core.translation.rnn import build_rnn_model, greedy_decode
     from attention_core.vision import train as vision_train
 
     lm = build_language_model({"vocab_size": 9, "d_model": 8, "num_layers": 2, "num_heads": 2, "seed": 0})
@@ -280,6 +300,9 @@ def _mode_cases():
     hy = build_hybrid_lm({"vocab_size": 9, "d_model": 8, "num_heads": 2, "context": 4})
     ids = torch.arange(20) % 9
     seq = torch.tensor([[1, 2, 3, 1, 2, 3]])
+    mt = build_rnn_model({"kind": "bahdanau", "src_vocab_size": 9, "tgt_vocab_size": 9, "embed_dim": 4,
+                          "hidden_dim": 6, "seed": 0})
+    src = torch.tensor([[4, 5, 6], [4, 5, 0]])
     x, y = torch.rand(6, 1, 4, 4), torch.arange(6) % 3
     return [
         ("generate greedy", lm, lambda: generate(lm, seq, 3, temperature=0.0)),
@@ -291,6 +314,7 @@ def _mode_cases():
         ("probe_copying", lm, lambda: heads.probe_copying(lm, seq, 3)),
         ("evaluate_loss", lm, lambda: shakespeare_train.evaluate_loss(lm, ids, 4, max_blocks=2)),
         ("evaluate_hybrid", hy, lambda: hybrid.evaluate_hybrid(hy, ids, context=4, max_blocks=2)),
+        ("translation greedy_decode", mt, lambda: greedy_decode(mt, src, torch.tensor([3, 2]), max_len=3)),
     ]
 
 
@@ -301,7 +325,7 @@ def _mixed_modes(model: torch.nn.Module) -> list:
     return [m.training for m in model.modules()]
 
 
-@pytest.mark.parametrize("case", range(9))
+@pytest.mark.parametrize("case", range(10))
 def test_calls_that_switch_modes_give_every_flag_back(case: int) -> None:
     name, model, call = _mode_cases()[case]
     modes = _mixed_modes(model)

@@ -1,9 +1,9 @@
-"""Switch modules to evaluation mode for one call and give them back as they were.
+"""Switch modules to evaluation or training mode for one call and give them back as they were.
 
-A function that generates, serves or scores with a model puts it in eval mode (dropout off) for its own work;
-it must not leave the caller's model changed. :func:`eval_mode` records every submodule's ``training`` flag and
-restores each one afterwards, also when the call raises, so a model whose parts were in mixed modes gets exactly
-those modes back.
+A function that generates, serves or scores with a model puts it in eval mode (dropout off) for its own work; a
+training loop puts it in train mode. Neither may leave the caller's model changed: :func:`eval_mode` and
+:func:`train_mode` record every submodule's ``training`` flag and restore each one afterwards, also when the call
+raises, so a model whose parts were in mixed modes gets exactly those modes back.
 """
 
 from __future__ import annotations
@@ -13,11 +13,25 @@ from typing import Iterator
 
 import torch.nn as nn
 
-__all__ = ["eval_mode"]
+__all__ = ["eval_mode", "train_mode"]
 
 
 @contextmanager
-def eval_mode(*modules: nn.Module) -> Iterator[None]:
+def _set_mode(training: bool, name: str, modules) -> Iterator[None]:
+    for m in modules:
+        if not isinstance(m, nn.Module):
+            raise TypeError(f"{name} expects torch.nn.Module arguments, got {type(m).__name__}")
+    saved = [(sub, sub.training) for m in modules for sub in m.modules()]
+    try:
+        for m in modules:
+            m.train(training)
+        yield
+    finally:
+        for sub, flag in saved:
+            sub.training = flag
+
+
+def eval_mode(*modules: nn.Module):
     """Put ``modules`` (and all their submodules) in eval mode inside the block; restore every flag after it.
 
     Example::
@@ -25,14 +39,9 @@ def eval_mode(*modules: nn.Module) -> Iterator[None]:
         with eval_mode(target, draft):
             tokens = decode(target, draft, prompt)
     """
-    for m in modules:
-        if not isinstance(m, nn.Module):
-            raise TypeError(f"eval_mode expects torch.nn.Module arguments, got {type(m).__name__}")
-    saved = [(sub, sub.training) for m in modules for sub in m.modules()]
-    try:
-        for m in modules:
-            m.eval()
-        yield
-    finally:
-        for sub, flag in saved:
-            sub.training = flag
+    return _set_mode(False, "eval_mode", modules)
+
+
+def train_mode(*modules: nn.Module):
+    """Put ``modules`` (and all their submodules) in train mode inside the block; restore every flag after it."""
+    return _set_mode(True, "train_mode", modules)

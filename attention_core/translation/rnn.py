@@ -32,6 +32,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from attention_core._checks import check_int, fmt_shape
 from attention_core.masks import padding_mask
 from attention_core.models.rnn_attention import AdditiveAttention, LuongAttention
+from attention_core.training.modes import eval_mode
 from attention_core.translation.data import BOS_ID, EOS_ID, PAD_ID, check_source_batch
 from attention_core.translation.protocol import EncoderDecoder
 
@@ -277,8 +278,12 @@ def greedy_decode(model: EncoderDecoder, src: torch.Tensor, src_valid_lens: torc
                   ) -> DecodeResult:
     """Decode by taking the most likely token at each step, until every row emitted ``<eos>``."""
     check_int(max_len, "max_len", low=1)
-    was_training = model.training
-    model.eval()
+    with eval_mode(model):  # every submodule's mode back afterwards, also on error
+        return _greedy_decode(model, src, src_valid_lens, max_len)
+
+
+def _greedy_decode(model: EncoderDecoder, src: torch.Tensor, src_valid_lens: torch.Tensor, max_len: int
+                   ) -> DecodeResult:
     enc = model.encode(src, src_valid_lens)
     B = src.shape[0]
     state = model.decoder.init_state(enc)
@@ -293,7 +298,6 @@ def greedy_decode(model: EncoderDecoder, src: torch.Tensor, src_valid_lens: torc
         done = done | (y == EOS_ID)
         if bool(done.all()):
             break
-    model.train(was_training)
     out = torch.stack(tokens, 1)  # T x (B,) -> (B, T)
     is_eos = out == EOS_ID
     lengths = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full_like(is_eos[:, 0], out.shape[1],

@@ -35,7 +35,7 @@ from attention_core.training.checkpoint import (
     record_in_manifest,
     save_checkpoint,
 )
-from attention_core.training.modes import eval_mode
+from attention_core.training.modes import eval_mode, train_mode
 from attention_core.vision.data import WORDS, Digits, load_digits, make_caption_set, subset
 
 __all__ = [
@@ -151,13 +151,8 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: 
     """Train ``model`` (a ViT or a CNN) on ``x, y`` with AdamW and a cosine schedule; returns the log.
 
     The model trains in train mode; every submodule's mode is given back afterwards (also on error)."""
-    saved = [(m, m.training) for m in model.modules()]
-    try:
-        model.train()
+    with train_mode(model):
         return _train_loop(model, x, y, steps, batch_size, lr, warmup, weight_decay, data_seed)
-    finally:
-        for m, flag in saved:
-            m.training = flag
 
 
 def _train_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, batch_size: int, lr: float,
