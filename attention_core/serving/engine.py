@@ -25,7 +25,7 @@ from attention_core._checks import check_int, check_tensor, fmt_shape, short_rep
 from attention_core.models.language_model import DecoderLM
 from attention_core.paged_attention import PAGED_PATHS, _paged_attention
 from attention_core.serving.blocks import OutOfBlocks, PagedKVCache
-from attention_core.serving.scheduler import Request, check_requests, check_steps
+from attention_core.serving.scheduler import Request, check_schedule, step_bound
 from attention_core.training.modes import eval_mode
 
 __all__ = ["new_paged_cache", "paged_forward", "serve"]
@@ -146,9 +146,7 @@ def _paged_forward(model: DecoderLM, cache: PagedKVCache, seqs: List[int], token
 
 def _check_serve(model, requests, prompts, max_batch, policy, num_blocks, block_size) -> Dict[int, Request]:
     _check_model(model)
-    by_id = check_requests(requests)
-    check_int(max_batch, "max_batch", low=1)
-    check_steps(requests)
+    by_id = check_schedule(requests, max_batch)
     if not isinstance(policy, str) or policy not in ("static", "continuous"):
         raise ValueError(f"policy must be 'static' or 'continuous', got {short_repr(policy)}")
     check_int(num_blocks, "num_blocks", low=1)
@@ -230,8 +228,7 @@ def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size):
     out: Dict[int, List[int]] = {}
     running: List[int] = []
     step, start = 0, time.perf_counter()
-    # every step either admits, decodes or waits for an arrival: this many steps are always enough
-    bound = max((r.arrival for r in waiting), default=0) + sum(r.output_len for r in waiting) + len(waiting) + 1
+    bound = step_bound(list(by_id.values()))  # every step admits, decodes or waits for an arrival
     while waiting or running:
         if step > bound:
             raise RuntimeError(f"serve made no progress after {step} steps (bound {bound}); this is a bug")

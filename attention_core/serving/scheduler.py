@@ -25,8 +25,8 @@ import torch
 
 from attention_core._checks import check_fits, check_int, check_real, short_repr
 
-__all__ = ["Request", "ScheduleResult", "check_requests", "check_steps", "continuous_batching", "kv_memory_usage",
-           "random_trace", "static_batching"]
+__all__ = ["Request", "ScheduleResult", "check_requests", "check_schedule", "check_steps", "continuous_batching",
+           "kv_memory_usage", "random_trace", "static_batching", "step_bound"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ def check_requests(requests: Sequence[Request]) -> Dict[int, Request]:
     return by_id
 
 
-def _check(requests: Sequence[Request], max_batch: int) -> Dict[int, Request]:
+def check_schedule(requests: Sequence[Request], max_batch: int) -> Dict[int, Request]:
+    """The checks every scheduler (and the engine) runs first: the requests, ``max_batch``, the step bound."""
     by_id = check_requests(requests)
     check_int(max_batch, "max_batch", low=1)
     check_steps(requests)
@@ -91,7 +92,7 @@ def _check(requests: Sequence[Request], max_batch: int) -> Dict[int, Request]:
 def check_steps(requests: Sequence[Request]) -> int:
     """The step bound of a (checked) trace; raises ``TooLargeError`` when a
     schedule that long (one record per step) could not be held in memory, before any step runs."""
-    bound = _step_bound(requests)
+    bound = step_bound(requests)
     shown = min(bound, 2**63)  # a 400-digit bound must not overflow the message's float
     check_fits(shown * _BYTES_PER_STEP, f"requests whose arrivals and output_len need up to {shown} steps",
                "cpu")
@@ -102,14 +103,14 @@ def check_steps(requests: Sequence[Request]) -> int:
 _BYTES_PER_STEP = 64
 
 
-def _step_bound(requests: Sequence[Request]) -> int:
+def step_bound(requests: Sequence[Request]) -> int:
     """Steps that always suffice: wait for the last arrival, then run every request alone, one after another."""
     return max((r.arrival for r in requests), default=0) + sum(r.output_len for r in requests) + len(requests) + 1
 
 
 def static_batching(requests: Sequence[Request], max_batch: int) -> ScheduleResult:
     """Groups of ``max_batch`` in arrival order, each run to its longest member's end (see the module doc)."""
-    _check(requests, max_batch)
+    check_schedule(requests, max_batch)
     order = sorted(requests, key=lambda r: (r.arrival, r.rid))
     res, clock = ScheduleResult(), 0
     for g in range(0, len(order), max_batch):
@@ -132,12 +133,12 @@ def continuous_batching(requests: Sequence[Request], max_batch: int,
     """Admit and retire at every step, at most ``max_batch`` running (and, if given, at most ``max_tokens``
     prompt + written tokens held at once, a KV-memory budget checked at admission for the request's full length).
     """
-    by_id = _check(requests, max_batch)
+    by_id = check_schedule(requests, max_batch)
     if max_tokens is not None:
         check_int(max_tokens, "max_tokens", low=1)
     waiting = sorted(requests, key=lambda r: (r.arrival, r.rid))
     written: Dict[int, int] = {}
-    res, step, bound = ScheduleResult(), 0, _step_bound(requests)
+    res, step, bound = ScheduleResult(), 0, step_bound(requests)
     while waiting or written:
         if step > bound:
             raise RuntimeError(f"continuous_batching made no progress after {step} steps (bound {bound}); a bug")
