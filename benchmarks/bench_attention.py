@@ -30,7 +30,6 @@ the same run, and (CPU mode) checks the issue's targets. Examples::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import itertools
 import json
@@ -49,6 +48,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _machine import describe  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CPU_PROVIDERS = ["naive", "chunked", "torch"]
@@ -283,14 +285,7 @@ def measure_cpu_group(configs: List[Config]) -> List[Config]:
 
 
 def device_name(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return (f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} logical CPUs, "
-                        f"ATen {torch.backends.cpu.get_cpu_capability()})")
-    return platform.processor() or platform.machine()
+    return describe(device)
 
 
 def versions() -> Dict[str, str]:

@@ -33,7 +33,6 @@ writes ``benchmarks/results/cpu_flash_<cpu>_<capability>.json`` and a ``.png`` b
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import importlib.util
 import json
@@ -54,6 +53,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _machine import blas, cache_sizes, cpu_isa, cpu_model, cpu_vendor  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET = 0.9  # the issue's target (issue 44; 0.85 before it): chunked at least 0.9x the speed of torch SDPA
@@ -141,25 +142,6 @@ def interleaved(calls: Dict[str, Callable[[], None]], rounds: int):
 # ------------------------------------------------------------------------------------------ the machine
 
 
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def cache_sizes() -> Dict[str, str]:
-    """L1d/L2/L3 of CPU 0 as the kernel reports them, e.g. {'L1d': '48K', 'L2': '1024K', 'L3': '32768K'}."""
-    out = {}
-    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-        with contextlib.suppress(OSError):
-            level, kind = (index / "level").read_text().strip(), (index / "type").read_text().strip()
-            if kind != "Instruction":
-                out[f"L{level}{'d' if level == '1' else ''}"] = (index / "size").read_text().strip()
-    return out
-
-
 def git_revision() -> str:
     """The checkout's commit, with ``+changes`` when chunked.py differs from it."""
     run = lambda *cmd: subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
@@ -167,29 +149,9 @@ def git_revision() -> str:
     return rev + ("+changes" if run("git", "status", "--porcelain", "attention_core/backends/chunked.py") else "")
 
 
-def cpu_isa() -> List[str]:
-    """The SIMD/matrix extensions the kernel reports (AVX2, AVX-512 subsets, AMX), from /proc/cpuinfo's flags."""
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                return sorted(f for f in flags if re.match(r"(avx|amx|fma)", f))
-    return []
-
-
-def blas() -> str:
-    """The BLAS torch was built with, as ``torch.__config__.show()`` names it (MKL, OpenBLAS, ...)."""
-    shown = torch.__config__.show()
-    line = next((ln.strip(" -") for ln in shown.splitlines() if "Math Kernel Library" in ln or "OpenBLAS" in ln), "")
-    info = re.search(r"BLAS_INFO=([^,\s]+)", shown)
-    return line or (info.group(1) if info else "unknown")
-
-
 def machine() -> dict:
     return {
-        "cpu_vendor": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                            if ln.startswith("vendor_id")), platform.machine()) if os.path.exists("/proc/cpuinfo")
-        else platform.machine(),
+        "cpu_vendor": cpu_vendor(),
         "isa": cpu_isa(),
         "blas": blas(),
         "cpu_model": cpu_model(),

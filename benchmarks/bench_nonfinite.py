@@ -19,29 +19,18 @@ against the same compile of ``torch.nn.functional.scaled_dot_product_attention``
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from attention_core import _nonfinite
 
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _blas() -> str:
-    cfg = torch.__config__.show()
-    return "MKL" if "BLAS_INFO=mkl" in cfg else ("OpenBLAS" if "openblas" in cfg.lower() else "other")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import blas, cpu_model  # noqa: E402
 
 
 def _time(fn, inner: int) -> float:
@@ -64,7 +53,7 @@ def main() -> None:
     q, k, v = (torch.randn(B, H, L, E, generator=g) for _ in range(3))
     masks = {"no mask": (None, False), "causal": (None, True),
              "bool mask (L, S)": (torch.rand(1, 1, L, L, generator=g) < 0.9, False)}
-    print(f"CPU: {_cpu()}; ISA: {torch.backends.cpu.get_cpu_capability()}; BLAS: {_blas()}; "
+    print(f"CPU: {cpu_model()}; ISA: {torch.backends.cpu.get_cpu_capability()}; BLAS: {blas()}; "
           f"torch {torch.__version__}; {args.threads} thread(s); B={B} H={H} L=S={L} E={E} float32; "
           f"{args.rounds} interleaved rounds, medians")
     for name, (mask, causal) in masks.items():
