@@ -33,17 +33,19 @@ def check_config(config: object, name: str, required: Collection[str], optional:
 
 
 def check_token_ids(tokens: object, name: str, vocab_size: int, device: Optional[torch.device] = None,
-                    dtypes: Collection[torch.dtype] = (torch.int64,)) -> torch.Tensor:
-    """Return ``tokens`` if it is a (B, L) tensor of ids in ``[0, vocab_size)`` with a dtype of ``dtypes`` on
-    ``device`` (the model's); raise otherwise."""
+                    dtypes: Collection[torch.dtype] = (torch.int64,), rank: int = 2,
+                    what: str = "the model") -> torch.Tensor:
+    """Return ``tokens`` if it is a tensor of ids in ``[0, vocab_size)`` with ``rank`` dimensions ((B, L), or
+    (L,) for ``rank=1``), a dtype of ``dtypes`` and on ``device`` (``what``'s); raise otherwise."""
     check_tensor(tokens, name)
     if tokens.dtype not in dtypes:
         raise TypeError(f"{name} must hold integer token ids ({', '.join(str(d) for d in dtypes)}), got dtype "
                         f"{tokens.dtype}")
-    if tokens.dim() != 2:
-        raise ValueError(f"{name} must be (B, L) token ids, got shape {fmt_shape(tokens.shape)}")
+    if tokens.dim() != rank:
+        layout = {1: "(L,)", 2: "(B, L)"}.get(rank, f"{rank}-D")
+        raise ValueError(f"{name} must be {layout} token ids, got shape {fmt_shape(tokens.shape)}")
     if device is not None and tokens.device != device:
-        raise ValueError(f"{name} is on {tokens.device} but the model is on {device}; move one of them")
+        raise ValueError(f"{name} is on {tokens.device} but {what} is on {device}; move one of them")
     if tokens.device.type == "meta":
         raise ValueError(f"{name} is a meta tensor: it has no ids to look up")
     if tokens.numel():

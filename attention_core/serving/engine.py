@@ -21,7 +21,8 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from attention_core._checks import check_int, check_tensor, fmt_shape, short_repr
+from attention_core._checks import check_int, fmt_shape, short_repr
+from attention_core.models._inputs import check_token_ids
 from attention_core.models.language_model import DecoderLM
 from attention_core.paged_attention import PAGED_PATHS, _paged_attention
 from attention_core.serving.blocks import OutOfBlocks, PagedKVCache
@@ -72,19 +73,11 @@ def _check_forward(model: DecoderLM, cache: PagedKVCache, seqs: Sequence[int], t
         cache._seq(s, "seqs")
     if len(set(seqs)) != len(seqs):
         raise ValueError(f"seqs must not repeat a sequence, got {short_repr(seqs)}")
-    check_tensor(tokens, "tokens")
-    if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"tokens must be a (B, L) integer tensor, got {tokens.dtype} {fmt_shape(tokens.shape)}")
+    check_token_ids(tokens, "tokens", model.vocab_size, model.embed.weight.device, (torch.int32, torch.int64))
     B, L = tokens.shape
     if B != len(seqs) or L < 1:
         raise ValueError(f"tokens must be (B, L) with B = len(seqs) = {len(seqs)} and L >= 1, got "
                          f"{fmt_shape(tokens.shape)}")
-    if tokens.device != model.embed.weight.device:
-        raise ValueError(f"tokens are on {tokens.device} but the model is on {model.embed.weight.device}")
-    V = model.vocab_size
-    if int(tokens.min()) < 0 or int(tokens.max()) >= V:
-        raise ValueError(f"tokens must be ids in [0, {V}) (vocab_size = {V}), got values from "
-                         f"{int(tokens.min())} to {int(tokens.max())}")
     longest = max(cache.lengths[s] for s in seqs) + L
     if longest > model.rotary.max_len:
         raise ValueError(f"tokens adds L = {L} to sequences holding up to {longest - L} tokens: positions up to "
@@ -158,15 +151,10 @@ def _check_serve(model, requests, prompts, max_batch, policy, num_blocks, block_
     for rid, r in by_id.items():
         if rid not in prompts:
             raise ValueError(f"prompts has no entry for request {rid}")
-        t = check_tensor(prompts[rid], f"prompts[{rid}]")
-        if t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (r.prompt_len,):
+        t = check_token_ids(prompts[rid], f"prompts[{rid}]", V, device, (torch.int32, torch.int64), rank=1)
+        if tuple(t.shape) != (r.prompt_len,):
             raise ValueError(f"prompts[{rid}] must be a ({r.prompt_len},) integer tensor (its prompt_len), got "
                              f"{t.dtype} {fmt_shape(t.shape)}")
-        if t.device != device:
-            raise ValueError(f"prompts[{rid}] is on {t.device} but the model is on {device}")
-        if int(t.min()) < 0 or int(t.max()) >= V:
-            raise ValueError(f"prompts[{rid}] must hold ids in [0, {V}) (vocab_size), got values from "
-                             f"{int(t.min())} to {int(t.max())}")
         if r.prompt_len + r.output_len - 1 > max_len:
             raise ValueError(f"request {rid} needs prompt_len + output_len - 1 = {r.prompt_len + r.output_len - 1} "
                              f"positions, but the model covers max_positions = {max_len}")

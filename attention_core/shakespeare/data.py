@@ -25,6 +25,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from attention_core._checks import check_positive_int, check_real, check_tensor, fmt_shape
+from attention_core.models._inputs import check_token_ids
 
 __all__ = [
     "TEXT_FILE",
@@ -183,12 +184,7 @@ def repeat_random_tokens(inputs: torch.Tensor, targets: torch.Tensor, vocab_size
 
 def _check_ids(ids: object, name: str, vocab_size: int) -> None:
     check_positive_int(vocab_size, "vocab_size")
-    check_tensor(ids, name)
-    if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"{name} must be a 1-D tensor of int64 ids, got {ids.dtype} {tuple(ids.shape)}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(f"{name} must be ids in [0, {vocab_size}) (vocab_size = {vocab_size}), got values from "
-                         f"{int(ids.min())} to {int(ids.max())}")
+    check_token_ids(ids, name, vocab_size, dtypes=(torch.int64, torch.int32), rank=1)
 
 
 def unigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, alpha: float = 1.0) -> float:
