@@ -249,9 +249,8 @@ def linear_attention_recurrent(
                 layout = "(..., Dphi, Ev)" if name == "S" else "(..., Dphi)"
                 raise ValueError(f"state.{name} must have shape {want[name]} {layout} for these inputs, got "
                                  f"{fmt_shape(t.shape)}")
-            if t.dtype != fk.dtype or t.device != fk.device:
-                raise TypeError(f"state.{name} must have the features' dtype {fk.dtype} on {fk.device}, got "
-                                f"{t.dtype} on {t.device}")
+            check_same_dtype(**{"features": fk, f"state.{name}": t})
+            check_same_device(**{"features": fk, f"state.{name}": t})
     outs = []
 
     def read(i: int) -> torch.Tensor:
@@ -326,9 +325,8 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
         if beta.shape != key.shape[:-1]:
             raise ValueError(f"beta as a tensor must have shape (..., L) = {fmt_shape(key.shape[:-1])}, got "
                              f"{fmt_shape(beta.shape)}")
-        if not beta.is_floating_point() or beta.device != key.device:
-            raise TypeError(f"beta as a tensor must be floating, on the key's device {key.device}, got {beta.dtype} "
-                            f"on {beta.device}")
+        check_floating(beta, "beta")
+        check_same_device(key=key, beta=beta)
         if beta.device.type != "meta" and not bool(((beta >= 0) & (beta <= 2)).all()):
             raise ValueError("beta must be in [0, 2] (beyond 2 the write overshoots and diverges; NaN is no "
                              f"strength), got values from {float(beta.min()):g} to {float(beta.max()):g}")
@@ -345,9 +343,8 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
         want = (*key.shape[:-2], value.shape[-1], key.shape[-1])
         if tuple(state.shape) != want:
             raise ValueError(f"state must have shape (..., Ev, E) = {want}, got {fmt_shape(state.shape)}")
-        if state.dtype != key.dtype or state.device != key.device:
-            raise TypeError(f"state must have the key's dtype {key.dtype} on {key.device}, got {state.dtype} on "
-                            f"{state.device}")
+        check_same_dtype(key=key, state=state)
+        check_same_device(key=key, state=state)
     outs = []
     for j in range(L):
         k, v = key[..., j, :], value[..., j, :]  # (..., E), (..., Ev)

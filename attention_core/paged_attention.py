@@ -25,7 +25,16 @@ from typing import Optional
 
 import torch
 
-from attention_core._checks import check_fits, check_scale, check_tensor, fmt_shape, short_repr
+from attention_core._checks import (
+    check_fits,
+    check_floating,
+    check_same_device,
+    check_same_dtype,
+    check_scale,
+    check_tensor,
+    fmt_shape,
+    short_repr,
+)
 from attention_core._nonfinite import all_finite, bad_rows, check_on_host, zero_nonfinite
 from attention_core.backends.inputs import compute_dtype
 from attention_core.functional import scaled_dot_product_attention
@@ -45,20 +54,13 @@ def _check(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tens
         check_tensor(t, name)
     if not isinstance(path, str) or path not in PAGED_PATHS:
         raise ValueError(f"path must be one of {PAGED_PATHS}, got {short_repr(path)}")
-    if not query.is_floating_point():
-        raise TypeError(f"query must have a floating-point dtype, got {query.dtype}")
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype != query.dtype:
-            raise TypeError(f"{name} must have the dtype of query ({query.dtype}), got {t.dtype}: convert one of "
-                            "them (a cache is never cast silently)")
+    check_floating(query, "query")
+    check_same_dtype(query=query, key_cache=key_cache, value_cache=value_cache)  # a cache is never cast silently
     for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
         if t.dtype not in _INDEX_DTYPES:
             raise TypeError(f"{name} must be an int32 or int64 tensor, got {t.dtype}")
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache), ("block_table", block_table),
-                    ("seq_lens", seq_lens)):
-        if t.device != query.device:
-            raise ValueError(f"{name} is on {t.device} but query is on {query.device}: every input must be on "
-                             "one device")
+    check_same_device(query=query, key_cache=key_cache, value_cache=value_cache, block_table=block_table,
+                      seq_lens=seq_lens)
     if query.device.type == "meta":
         raise ValueError("query, the caches, block_table and seq_lens are on the meta device: paged attention "
                          "reads the block table's values, which a meta tensor does not have")

@@ -149,3 +149,16 @@ def test_errors_name_the_argument(call, exc, words):
     q, k, v = _qkv(0, 1, 2, 5, 4, 3)
     with pytest.raises(exc, match=words):
         call(q, k, v)
+
+
+def test_state_and_beta_on_another_device_or_dtype_are_refused_by_name():
+    """A state or beta tensor on another device is a ValueError, another dtype a TypeError, as everywhere else."""
+    from attention_core.linear_attention import delta_rule
+
+    q = k = v = torch.randn(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="state"):
+        delta_rule(q, k, v, state=torch.zeros(1, 2, 4, 4, device="meta"))
+    with pytest.raises(TypeError, match="state"):
+        delta_rule(q, k, v, state=torch.zeros(1, 2, 4, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="beta"):
+        delta_rule(q, k, v, beta=torch.full((1, 2, 3), 0.5, device="meta"))
