@@ -285,6 +285,8 @@ class Recipe:
         scores: dtype the raw scores ``Q K^T`` are rounded to before the softmax (fp16 overflows past 65504);
             ``None``: the accumulation dtype.
         stats: dtype of the running max and the running sum; ``None``: the accumulation dtype.
+        rounded_stats: which statistics ``stats`` applies to: ``"both"``, ``"max"`` (the running sum stays in
+            the accumulation dtype) or ``"sum"`` (the running max does), to measure each one's share.
         p: dtype P is cast to for P @ V (``None``: the inputs' dtype, e4m3 for FP8 as in FlashAttention-3).
         poly_exp2: compute exponentials with :func:`exp2_poly` instead of ``torch.exp2``.
     """
@@ -296,12 +298,14 @@ class Recipe:
     stats: Optional[torch.dtype] = None
     p: Optional[torch.dtype] = None
     poly_exp2: bool = False
+    rounded_stats: str = "both"
 
     def __post_init__(self) -> None:
         _check_fmt(self.inputs, "inputs", FORMATS)
         _check_fmt(self.quantization, "quantization", {"tensor": None, "block": None})
         check_bool_flag(self.hadamard, "hadamard")
         check_bool_flag(self.poly_exp2, "poly_exp2")
+        _check_fmt(self.rounded_stats, "rounded_stats", {"both": None, "max": None, "sum": None})
         for name in ("scores", "stats"):
             if getattr(self, name) is not None and getattr(self, name) not in _STATS:
                 raise ValueError(f"{name} must be one of {_STATS}, got {getattr(self, name)!r}")
@@ -313,8 +317,9 @@ class Recipe:
         return torch.float64 if self.inputs == "fp64" else torch.float32
 
 
-#: The recipes the chapter compares. "fp8 baseline" is FlashAttention-3's FP8 baseline as its section 4.3
-#: describes it: per-tensor scales, float32 accumulation, softmax intermediates in fp16.
+#: The recipes the chapter compares. "fp8 baseline" is our reading of FlashAttention-3's FP8 baseline: its
+#: section 4.3 gives per-tensor scales, float32 accumulation and softmax intermediates in fp16 without saying
+#: which intermediates, so this recipe rounds the running max and the running sum to fp16.
 RECIPES = {
     "fp32": Recipe("fp32"),
     "bf16": Recipe("bf16"),
@@ -428,6 +433,8 @@ def simulate_attention(
     p_dtype = recipe.p or (FORMATS[recipe.inputs] if recipe.inputs != "fp64" else torch.float64)
     exp2 = exp2_poly if recipe.poly_exp2 else torch.exp2
     stats = recipe.stats or recipe.accumulate
+    max_dtype = stats if recipe.rounded_stats in ("both", "max") else recipe.accumulate
+    sum_dtype = stats if recipe.rounded_stats in ("both", "sum") else recipe.accumulate
     L, S = q.shape[-2], k.shape[-2]
     m = q.new_full((*q.shape[:-1], 1), float("-inf"))  # (..., L, 1) running max, base-2 units
     denom = q.new_zeros((*q.shape[:-1], 1))  # (..., L, 1) running sum
@@ -450,11 +457,11 @@ def simulate_attention(
         first = torch.isinf(m)
         rescales += int((move & ~first).sum())
         skipped += int((grows & ~move & ~first).sum())
-        m_new = _round(torch.where(move, tile_max, m), stats)  # the max as the kernel stores it
+        m_new = _round(torch.where(move, tile_max, m), max_dtype)  # the max as the kernel stores it
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # a row with no key yet
         alpha = torch.where(move, exp2(m - m_safe), torch.ones_like(m))  # exp2(-inf) = 0 on the first tile
         p = exp2(s - m_safe)  # (..., L, bs)
-        denom = _round(denom * alpha + p.sum(dim=-1, keepdim=True), stats)
+        denom = _round(denom * alpha + p.sum(dim=-1, keepdim=True), sum_dtype)
         pv = (_round(p, p_dtype) @ v[..., s0:s1, :]) * (sv[..., s0:s0 + 1, :] if sv.dim() else sv)  # per-tile scale
         o = o * alpha + pv
         m = m_new

@@ -246,3 +246,16 @@ def test_recipe_refuses_unknown_formats():
         lp.Recipe("fp32", stats=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="a and b"):
         lp.rmse(torch.ones(2), torch.ones(3))
+
+
+def test_rounded_stats_rounds_only_the_statistic_it_names() -> None:
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, 512, 32, generator=g, dtype=torch.float64) for _ in range(3))
+    ref = ac.scaled_dot_product_attention(q, k, v, backend="numpy")
+    err = {w: lp.rmse(lp.simulate_attention(q, k, v, lp.Recipe("fp32", stats=torch.bfloat16, rounded_stats=w),
+                                            block_k=32).out, ref) for w in ("both", "max", "sum")}
+    fp32 = lp.rmse(lp.simulate_attention(q, k, v, lp.Recipe("fp32"), block_k=32).out, ref)
+    assert err["max"] < 2 * fp32 < err["sum"] / 100  # a rounded max is a shared shift; the sum loses digits
+    assert 0.5 < err["sum"] / err["both"] < 2
+    with pytest.raises(ValueError, match="rounded_stats"):
+        lp.Recipe("fp32", stats=torch.bfloat16, rounded_stats="min")
