@@ -357,7 +357,7 @@ def _prepare(x: torch.Tensor, recipe: Recipe, block: int) -> tuple[torch.Tensor,
     if recipe.inputs in FP8:
         q = quantize_fp8(x, recipe.inputs, block_size=block if recipe.quantization == "block" else None)
         return q.codes.to(acc), q.row_scale().to(acc)
-    return x.to(FORMATS[recipe.inputs]).to(acc), torch.ones((), dtype=acc)
+    return x.to(FORMATS[recipe.inputs]).to(acc), torch.ones((), dtype=acc, device=x.device)
 
 
 def _check_qkv(query: object, key: object, value: object) -> None:
@@ -367,6 +367,11 @@ def _check_qkv(query: object, key: object, value: object) -> None:
             raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
         if t.dim() < 2:
             raise ValueError(f"{name} must be (..., N, D) with at least 2 dims, got shape {tuple(t.shape)}")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(f"query, key and value must share one dtype, got {query.dtype}, {key.dtype} and {value.dtype}")
+    if not query.device == key.device == value.device:
+        raise ValueError(f"query, key and value must be on one device, got {query.device}, {key.device} and "
+                         f"{value.device}")
     if query.shape[:-2] != key.shape[:-2] or key.shape[:-1] != value.shape[:-1]:
         raise ValueError(f"query (..., L, E), key (..., S, E) and value (..., S, Ev) must share their leading dims"
                          f" and S; got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
@@ -399,7 +404,8 @@ def simulate_attention(
     ``o / l`` is unchanged in exact arithmetic. ``tau = 0`` is the ordinary online softmax, bit for bit.
 
     Args:
-        query: (..., L, E); key: (..., S, E); value: (..., S, Ev); float16/bfloat16/float32/float64.
+        query: (..., L, E); key: (..., S, E); value: (..., S, Ev); one dtype (float16/bfloat16/float32/float64)
+            and one device for all three.
         recipe: a :class:`Recipe` (see :data:`RECIPES`).
         is_causal: hide key j from query i when j > i (upper-left aligned).
         scale: score scale, default ``1/sqrt(E)``.
@@ -409,8 +415,15 @@ def simulate_attention(
 
     Returns:
         :class:`SimulatedAttention` (output in the query's dtype, and the rescale counts).
+
+    Raises:
+        TypeError: if an input is not a float16/bfloat16/float32/float64 tensor, the three dtypes differ, or
+            ``recipe`` is not a :class:`Recipe`.
+        ValueError: if the shapes do not fit, the inputs are on different devices, or a tile or threshold is out
+            of range.
     """
     _check_qkv(query, key, value)
+    out_dtype, device = query.dtype, query.device
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be a Recipe, got {type(recipe).__name__}")
     check_bool_flag(is_causal, "is_causal")
@@ -424,7 +437,7 @@ def simulate_attention(
             raise TypeError(f"generator must be a torch.Generator when recipe.hadamard, got {type(generator).__name__}")
         if E & (E - 1):
             raise ValueError(f"the Hadamard rotation needs E a power of two, got E = {E}")
-        signs = random_signs(E, generator, torch.float64)
+        signs = random_signs(E, generator, torch.float64).to(query.device)  # drawn on the CPU generator
         query, key = (hadamard_transform(t.to(torch.promote_types(t.dtype, torch.float32)), signs)
                       for t in (query, key))
     q, sq = _prepare(query, recipe, block_q)  # (..., L, E), row scales
@@ -440,14 +453,14 @@ def simulate_attention(
     denom = q.new_zeros((*q.shape[:-1], 1))  # (..., L, 1) running sum
     o = q.new_zeros((*q.shape[:-1], v.shape[-1]))  # (..., L, Ev)
     rescales = skipped = 0
-    rows = torch.arange(L)[:, None]  # (L, 1)
+    rows = torch.arange(L, device=device)[:, None]  # (L, 1)
     for s0 in range(0, S, block_k):
         s1 = min(s0 + block_k, S)
         sk_t = sk[..., s0:s1, :].transpose(-1, -2) if sk.dim() else sk  # (..., 1, bs) or ()
         raw = (q @ k[..., s0:s1, :].transpose(-1, -2)) * sq * sk_t  # (..., L, E) @ (..., E, bs) -> (..., L, bs)
         s = _round(raw, recipe.scores or raw.dtype) * (scale * _LOG2E)
         if is_causal:
-            s = s.masked_fill(torch.arange(s0, s1)[None, :] > rows, float("-inf"))  # (L, bs) broadcast
+            s = s.masked_fill(torch.arange(s0, s1, device=device)[None, :] > rows, float("-inf"))  # (L, bs) broadcast
         tile_max = s.amax(dim=-1, keepdim=True)  # (..., L, 1)
         grows = tile_max > m
         if tau is None:
@@ -466,7 +479,7 @@ def simulate_attention(
         o = o * alpha + pv
         m = m_new
     out = o / torch.where(denom == 0, torch.ones_like(denom), denom)
-    return SimulatedAttention(out.to(query.dtype), rescales, skipped)
+    return SimulatedAttention(out.to(out_dtype), rescales, skipped)  # the caller's dtype, not the rotation's
 
 
 def rmse(a: torch.Tensor, b: torch.Tensor) -> float:
