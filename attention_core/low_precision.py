@@ -285,6 +285,8 @@ class Recipe:
         scores: dtype the raw scores ``Q K^T`` are rounded to before the softmax (fp16 overflows past 65504);
             ``None``: the accumulation dtype.
         stats: dtype of the running max and the running sum; ``None``: the accumulation dtype.
+        rounded_stats: which statistics ``stats`` applies to: ``"both"``, ``"max"`` (the running sum stays in
+            the accumulation dtype) or ``"sum"`` (the running max does), to measure each one's share.
         p: dtype P is cast to for P @ V (``None``: the inputs' dtype, e4m3 for FP8 as in FlashAttention-3).
         poly_exp2: compute exponentials with :func:`exp2_poly` instead of ``torch.exp2``.
     """
@@ -296,12 +298,14 @@ class Recipe:
     stats: Optional[torch.dtype] = None
     p: Optional[torch.dtype] = None
     poly_exp2: bool = False
+    rounded_stats: str = "both"
 
     def __post_init__(self) -> None:
         _check_fmt(self.inputs, "inputs", FORMATS)
         _check_fmt(self.quantization, "quantization", {"tensor": None, "block": None})
         check_bool_flag(self.hadamard, "hadamard")
         check_bool_flag(self.poly_exp2, "poly_exp2")
+        _check_fmt(self.rounded_stats, "rounded_stats", {"both": None, "max": None, "sum": None})
         for name in ("scores", "stats"):
             if getattr(self, name) is not None and getattr(self, name) not in _STATS:
                 raise ValueError(f"{name} must be one of {_STATS}, got {getattr(self, name)!r}")
@@ -313,8 +317,9 @@ class Recipe:
         return torch.float64 if self.inputs == "fp64" else torch.float32
 
 
-#: The recipes the chapter compares. "fp8 baseline" is FlashAttention-3's FP8 baseline as its section 4.3
-#: describes it: per-tensor scales, float32 accumulation, softmax intermediates in fp16.
+#: The recipes the chapter compares. "fp8 baseline" is our reading of FlashAttention-3's FP8 baseline: its
+#: section 4.3 gives per-tensor scales, float32 accumulation and softmax intermediates in fp16 without saying
+#: which intermediates, so this recipe rounds the running max and the running sum to fp16.
 RECIPES = {
     "fp32": Recipe("fp32"),
     "bf16": Recipe("bf16"),
@@ -352,7 +357,7 @@ def _prepare(x: torch.Tensor, recipe: Recipe, block: int) -> tuple[torch.Tensor,
     if recipe.inputs in FP8:
         q = quantize_fp8(x, recipe.inputs, block_size=block if recipe.quantization == "block" else None)
         return q.codes.to(acc), q.row_scale().to(acc)
-    return x.to(FORMATS[recipe.inputs]).to(acc), torch.ones((), dtype=acc)
+    return x.to(FORMATS[recipe.inputs]).to(acc), torch.ones((), dtype=acc, device=x.device)
 
 
 def _check_qkv(query: object, key: object, value: object) -> None:
@@ -362,6 +367,11 @@ def _check_qkv(query: object, key: object, value: object) -> None:
             raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
         if t.dim() < 2:
             raise ValueError(f"{name} must be (..., N, D) with at least 2 dims, got shape {tuple(t.shape)}")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(f"query, key and value must share one dtype, got {query.dtype}, {key.dtype} and {value.dtype}")
+    if not query.device == key.device == value.device:
+        raise ValueError(f"query, key and value must be on one device, got {query.device}, {key.device} and "
+                         f"{value.device}")
     if query.shape[:-2] != key.shape[:-2] or key.shape[:-1] != value.shape[:-1]:
         raise ValueError(f"query (..., L, E), key (..., S, E) and value (..., S, Ev) must share their leading dims"
                          f" and S; got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
@@ -394,7 +404,8 @@ def simulate_attention(
     ``o / l`` is unchanged in exact arithmetic. ``tau = 0`` is the ordinary online softmax, bit for bit.
 
     Args:
-        query: (..., L, E); key: (..., S, E); value: (..., S, Ev); float16/bfloat16/float32/float64.
+        query: (..., L, E); key: (..., S, E); value: (..., S, Ev); one dtype (float16/bfloat16/float32/float64)
+            and one device for all three.
         recipe: a :class:`Recipe` (see :data:`RECIPES`).
         is_causal: hide key j from query i when j > i (upper-left aligned).
         scale: score scale, default ``1/sqrt(E)``.
@@ -404,8 +415,15 @@ def simulate_attention(
 
     Returns:
         :class:`SimulatedAttention` (output in the query's dtype, and the rescale counts).
+
+    Raises:
+        TypeError: if an input is not a float16/bfloat16/float32/float64 tensor, the three dtypes differ, or
+            ``recipe`` is not a :class:`Recipe`.
+        ValueError: if the shapes do not fit, the inputs are on different devices, or a tile or threshold is out
+            of range.
     """
     _check_qkv(query, key, value)
+    out_dtype, device = query.dtype, query.device
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be a Recipe, got {type(recipe).__name__}")
     check_bool_flag(is_causal, "is_causal")
@@ -419,7 +437,7 @@ def simulate_attention(
             raise TypeError(f"generator must be a torch.Generator when recipe.hadamard, got {type(generator).__name__}")
         if E & (E - 1):
             raise ValueError(f"the Hadamard rotation needs E a power of two, got E = {E}")
-        signs = random_signs(E, generator, torch.float64)
+        signs = random_signs(E, generator, torch.float64).to(query.device)  # drawn on the CPU generator
         query, key = (hadamard_transform(t.to(torch.promote_types(t.dtype, torch.float32)), signs)
                       for t in (query, key))
     q, sq = _prepare(query, recipe, block_q)  # (..., L, E), row scales
@@ -428,19 +446,21 @@ def simulate_attention(
     p_dtype = recipe.p or (FORMATS[recipe.inputs] if recipe.inputs != "fp64" else torch.float64)
     exp2 = exp2_poly if recipe.poly_exp2 else torch.exp2
     stats = recipe.stats or recipe.accumulate
+    max_dtype = stats if recipe.rounded_stats in ("both", "max") else recipe.accumulate
+    sum_dtype = stats if recipe.rounded_stats in ("both", "sum") else recipe.accumulate
     L, S = q.shape[-2], k.shape[-2]
     m = q.new_full((*q.shape[:-1], 1), float("-inf"))  # (..., L, 1) running max, base-2 units
     denom = q.new_zeros((*q.shape[:-1], 1))  # (..., L, 1) running sum
     o = q.new_zeros((*q.shape[:-1], v.shape[-1]))  # (..., L, Ev)
     rescales = skipped = 0
-    rows = torch.arange(L)[:, None]  # (L, 1)
+    rows = torch.arange(L, device=device)[:, None]  # (L, 1)
     for s0 in range(0, S, block_k):
         s1 = min(s0 + block_k, S)
         sk_t = sk[..., s0:s1, :].transpose(-1, -2) if sk.dim() else sk  # (..., 1, bs) or ()
         raw = (q @ k[..., s0:s1, :].transpose(-1, -2)) * sq * sk_t  # (..., L, E) @ (..., E, bs) -> (..., L, bs)
         s = _round(raw, recipe.scores or raw.dtype) * (scale * _LOG2E)
         if is_causal:
-            s = s.masked_fill(torch.arange(s0, s1)[None, :] > rows, float("-inf"))  # (L, bs) broadcast
+            s = s.masked_fill(torch.arange(s0, s1, device=device)[None, :] > rows, float("-inf"))  # (L, bs) broadcast
         tile_max = s.amax(dim=-1, keepdim=True)  # (..., L, 1)
         grows = tile_max > m
         if tau is None:
@@ -450,16 +470,16 @@ def simulate_attention(
         first = torch.isinf(m)
         rescales += int((move & ~first).sum())
         skipped += int((grows & ~move & ~first).sum())
-        m_new = _round(torch.where(move, tile_max, m), stats)  # the max as the kernel stores it
+        m_new = _round(torch.where(move, tile_max, m), max_dtype)  # the max as the kernel stores it
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # a row with no key yet
         alpha = torch.where(move, exp2(m - m_safe), torch.ones_like(m))  # exp2(-inf) = 0 on the first tile
         p = exp2(s - m_safe)  # (..., L, bs)
-        denom = _round(denom * alpha + p.sum(dim=-1, keepdim=True), stats)
+        denom = _round(denom * alpha + p.sum(dim=-1, keepdim=True), sum_dtype)
         pv = (_round(p, p_dtype) @ v[..., s0:s1, :]) * (sv[..., s0:s0 + 1, :] if sv.dim() else sv)  # per-tile scale
         o = o * alpha + pv
         m = m_new
     out = o / torch.where(denom == 0, torch.ones_like(denom), denom)
-    return SimulatedAttention(out.to(query.dtype), rescales, skipped)
+    return SimulatedAttention(out.to(out_dtype), rescales, skipped)  # the caller's dtype, not the rotation's
 
 
 def rmse(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -890,6 +890,17 @@ def test_library_is_unavailable_while_the_reader_runs_and_restored_after():
     assert ac.masked_softmax is before[0] and namespace["masked_softmax"] is before[0]
 
 
+def test_ch18_one_scale_per_row_is_named() -> None:
+    """A reader's own per-row scaling (not the checker's helper) is told to take amax over the whole block."""
+    def per_row(x, block):
+        amax = x.abs().amax(dim=-1, keepdim=True)  # (L, 1): one scale per row, whatever block says
+        scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+        return (x / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+
+    report = code_checks.check_function(per_row, ce.spec("ch18.fake_quantize_blocks"))
+    assert report.status == "failed" and "not one per row" in report.message, report.message
+
+
 def test_the_pages_worked_solution_is_unavailable_to_the_reader():
     """Chapter 18's folded worked solution runs in the reader's namespace: a function calling it is refused."""
     page = {"torch": torch}  # the notebook's globals: its worked-solution cell, then the reader's cell

@@ -233,6 +233,12 @@ def test_hadamard_recipe_needs_a_generator_and_a_power_of_two():
      ValueError, "rescale_threshold"),
     (dict(query=torch.ones(2, 3), key=torch.ones(2, 3), value=torch.ones(2, 3), recipe="fp8"), TypeError, "Recipe"),
     (dict(query=torch.ones(2, 3), key=torch.ones(2, 3), value=torch.ones(2, 3), block_k=0), ValueError, "block_k"),
+    (dict(query=torch.ones(2, 3), key=torch.ones(2, 3, dtype=torch.float64), value=torch.ones(2, 3)), TypeError,
+     r"one dtype, got torch.float32, torch.float64 and torch.float32"),
+    (dict(query=torch.ones(2, 3), key=torch.ones(2, 3), value=torch.ones(2, 3, dtype=torch.float16)), TypeError,
+     "one dtype, got torch.float32, torch.float32 and torch.float16"),
+    (dict(query=torch.ones(2, 3), key=torch.ones(2, 3, device="meta"), value=torch.ones(2, 3)), ValueError,
+     "one device, got cpu, meta and cpu"),
 ])
 def test_simulate_refuses_bad_input(kwargs, exc, words):
     with pytest.raises(exc, match=words):
@@ -246,3 +252,55 @@ def test_recipe_refuses_unknown_formats():
         lp.Recipe("fp32", stats=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="a and b"):
         lp.rmse(torch.ones(2), torch.ones(3))
+
+
+def test_rounded_stats_rounds_only_the_statistic_it_names() -> None:
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, 512, 32, generator=g, dtype=torch.float64) for _ in range(3))
+    ref = ac.scaled_dot_product_attention(q, k, v, backend="numpy")
+    err = {w: lp.rmse(lp.simulate_attention(q, k, v, lp.Recipe("fp32", stats=torch.bfloat16, rounded_stats=w),
+                                            block_k=32).out, ref) for w in ("both", "max", "sum")}
+    fp32 = lp.rmse(lp.simulate_attention(q, k, v, lp.Recipe("fp32"), block_k=32).out, ref)
+    assert err["max"] < 2 * fp32 < err["sum"] / 100  # a rounded max is a shared shift; the sum loses digits
+    assert 0.5 < err["sum"] / err["both"] < 2
+    big = torch.full((1, 4, 16), 200.0, dtype=torch.float64)  # max score 200^2 * 16 / 4 * log2(e) > 65504
+    finite = {w: bool(lp.simulate_attention(big, big, big, lp.Recipe(
+        "fp32", stats=torch.float16, rounded_stats=w)).out.isfinite().all()) for w in ("both", "max", "sum")}
+    assert finite == {"both": False, "max": False, "sum": True}  # only a max stored in fp16 overflows here
+    with pytest.raises(ValueError, match="rounded_stats"):
+        lp.Recipe("fp32", stats=torch.bfloat16, rounded_stats="min")
+
+
+def test_the_output_keeps_the_callers_dtype_with_the_rotation() -> None:
+    q, k, v = (t.half() for t in _qkv(5, (1, 64, 32)))
+    for name in ("fp32", "fp8 per tensor + hadamard", "fp8 per block + hadamard"):
+        out = lp.simulate_attention(q, k, v, lp.RECIPES[name], generator=torch.Generator().manual_seed(0)).out
+        assert out.dtype == torch.float16, name
+
+
+def test_simulate_makes_its_masks_on_the_inputs_device(monkeypatch) -> None:
+    """Every ``torch.arange`` the simulation makes is on the inputs' device (a GPU tensor meets no CPU mask)."""
+    import sys
+
+    real, devices = torch.arange, []
+
+    def spy(*args, **kwargs):
+        if sys._getframe(1).f_globals.get("__name__") == lp.__name__:
+            devices.append(kwargs.get("device"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "arange", spy)
+    q, k, v = _qkv(6, (1, 2, 24, 8))
+    lp.simulate_attention(q, k, v, is_causal=True, block_k=8)
+    assert len(devices) == 1 + 3 and all(d is not None and torch.device(d) == q.device for d in devices)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_simulate_runs_on_a_gpu_as_on_the_cpu() -> None:
+    q, k, v = _qkv(7, (1, 2, 96, 64), outliers=True)
+    for name, recipe in lp.RECIPES.items():
+        ref = lp.simulate_attention(q, k, v, recipe, is_causal=True, block_k=32,
+                                    generator=torch.Generator().manual_seed(1))
+        got = lp.simulate_attention(q.cuda(), k.cuda(), v.cuda(), recipe, is_causal=True, block_k=32,
+                                    generator=torch.Generator().manual_seed(1))
+        assert got.out.device.type == "cuda" and torch.allclose(got.out.cpu(), ref.out, atol=1e-5), name

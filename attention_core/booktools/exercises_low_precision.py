@@ -90,6 +90,8 @@ def ch18_spec() -> FunctionSpec:
                     lambda x, b: fake_quantize_blocks_mistake(x, b, guard=False)),
             Mistake("one scale per block of rows, not one for the whole tensor.",
                     lambda x, b: fake_quantize_blocks_mistake(x, b, per_tensor=True)),
+            Mistake("one scale per block of `block` rows, not one per row: take amax over the whole block.",
+                    lambda x, b: fake_quantize_blocks_mistake(x, 1)),
             Mistake("round to torch.float8_e4m3fn (3 mantissa bits), not float8_e5m2.",
                     lambda x, b: fake_quantize_blocks_mistake(x, b, dtype=torch.float8_e5m2)),
             Mistake("blocks are consecutive rows (dim -2, the sequence), not columns.",

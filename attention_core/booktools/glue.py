@@ -15,9 +15,62 @@ Usage in a chapter::
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Iterable
 
-__all__ = ["glue", "myst_nb_available"]
+__all__ = ["between", "glue", "myst_nb_available"]
+
+_LADDER = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)  # the mantissas of the bounds :func:`between` may print
+
+
+def _ladder_value(x: float, up: bool) -> float:
+    """The smallest ladder value >= x (``up``) or the largest <= x: m * 10**k with m in ``_LADDER``."""
+    k = math.floor(math.log10(x))
+    steps = [m * 10.0 ** e for e in (k - 1, k, k + 1) for m in _LADDER]
+    return min(v for v in steps if v >= x) if up else max(v for v in steps if v <= x)
+
+
+def _ladder_text(v: float) -> str:
+    k = math.floor(math.log10(v) + 1e-9)
+    m = round(v / 10.0 ** k, 1)
+    return f"{m:g}e{k:+03d}"
+
+
+def between(values: Iterable[float], margin: float = 1.1) -> str:
+    """Bounds on positive measurements that do not depend on the CPU's rounding: ``"1e-02 to 2e-02"``.
+
+    A measured float such as an RMSE carries rounding noise of about 1e-6 of its size that changes with the CPU
+    and torch's kernels, so its printed digits can differ on another machine. This prints instead a lower bound
+    ``lo`` and an upper bound ``hi`` taken from the ladder 1, 1.5, 2, 3, 5, 7 times a power of ten, with
+    ``lo <= min(values) / margin`` and ``hi >= max(values) * margin``: every value sits at least ``margin`` times
+    inside its bounds, so noise cannot move a value across them, and the printed bounds change only if
+    ``min / margin`` or ``max * margin`` crosses a ladder step (noise of 1e-6 relative does that for a tiny
+    fraction of the possible values; nbval checks the chapters under two sets of CPU kernels). Put the claim's
+    own ``assert`` beside the printed bounds: the bounds describe the measurement, the assert checks the claim.
+
+    Args:
+        values: one or more finite positive numbers (floats, or a tensor or array of them).
+        margin: a float > 1: how far inside the bounds every value must sit.
+
+    Returns:
+        ``"lo to hi"`` with each bound written as ``2e-02`` or ``1.5e-02``.
+
+    Raises:
+        TypeError: if ``margin`` is not a real number.
+        ValueError: if ``values`` is empty or holds a value that is not finite and positive, or ``margin <= 1``.
+    """
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)):
+        raise TypeError(f"between: margin must be a real number > 1, got {type(margin).__name__}")
+    if not margin > 1 or not math.isfinite(margin):
+        raise ValueError(f"between: margin must be a finite number > 1, got {margin!r}")
+    flat = [float(v) for v in (values.flatten().tolist() if hasattr(values, "flatten") else values)]
+    if not flat:
+        raise ValueError("between: values is empty; expected at least one positive number")
+    bad = [v for v in flat if not (math.isfinite(v) and v > 0)]
+    if bad:
+        raise ValueError(f"between: values must be finite and positive, got {bad[0]!r}")
+    lo, hi = _ladder_value(min(flat) / margin, up=False), _ladder_value(max(flat) * margin, up=True)
+    return f"{_ladder_text(lo)} to {_ladder_text(hi)}"
 
 
 def myst_nb_available() -> bool:
