@@ -247,3 +247,49 @@ def test_a_sequence_views_restore_after_crop_and_append_is_exact() -> None:
     del snap  # the snapshot's pins go back to the pool with it
     assert pool.allocator.num_free == before[2]
     assert sorted(pool.allocator._free) == [b for b in range(12) if b not in pool.tables[0]]
+
+
+def _refcounts(pool: PagedKVCache) -> list:
+    return [pool.allocator.refcount(b) for b in range(len(pool.keys[0]))]
+
+
+def test_a_transactions_snapshot_takes_what_it_lets_go_of_before_an_older_one() -> None:
+    """A caller's snapshot is live while a transaction (a newer snapshot) copies a shared block and rolls back:
+    every count is as it was. (Had the older snapshot taken the copied block's reference, the rollback would
+    fork it once more and leave it pinned: one count too many.)"""
+    pool = PagedKVCache(1, 8, 4, num_kv_heads=1, head_dim=2)
+    pool.add_sequence(0)
+    pool.reserve(0, 2)  # a half-filled block
+    pool.fork(0, 1)  # shared by sequence 1: the next write copies it
+    view = pool.sequence_view(0)
+    older = view.snapshot()
+    before = (_refcounts(pool), list(pool.tables[0]), pool.lengths[0])
+    with view.snapshot() as transaction:
+        pool.reserve(0, 1)  # copy-on-write: sequence 0 lets go of the shared block
+        view.restore(transaction)  # the call failed: roll back
+    assert (_refcounts(pool), list(pool.tables[0]), pool.lengths[0]) == before
+    assert older.pins == []
+    older.release()
+
+
+def test_a_released_snapshot_hands_a_block_on_to_an_older_one_that_lists_it() -> None:
+    """Two live snapshots list the blocks a crop lets go of; the newer one holds the pins. Released, it hands them
+    to the older one, which still restores the same tokens after the pool has reused every free block."""
+    pool = PagedKVCache(1, 6, 2, num_kv_heads=1, head_dim=2)
+    pool.add_sequence(0)
+    view = pool.sequence_view(0)
+    positions = pool.reserve(0, 4)
+    keys = torch.arange(8.0).view(1, 4, 2)  # (H, T, E)
+    pool.write(0, 0, positions, keys, -keys)
+    older, newer = view.snapshot(), view.snapshot()
+    view.crop(0)  # both snapshots list the two blocks; the newer one pins them
+    assert sorted(newer.pins) == sorted(older.table) and older.pins == []
+    newer.release()
+    assert sorted(older.pins) == sorted(older.table), "the released snapshot freed blocks the older one needs"
+    other = pool.reserve(0, 2 * pool.allocator.num_free)  # every free block reused and overwritten
+    pool.write(0, 0, other, torch.full((1, len(other), 2), 99.0), torch.full((1, len(other), 2), 99.0))
+    view.restore(older)
+    table, lens = pool.block_table([0])
+    assert int(lens[0]) == 4 and torch.equal(gather_paged_kv(pool.keys[0], table[0], 4), keys)
+    older.release()
+    assert pool.allocator.num_free == 6 - 2 and _refcounts(pool) == [1 if b in pool.tables[0] else 0 for b in range(6)]

@@ -10,13 +10,15 @@ Every method validates its arguments before it changes anything (a ``TypeError``
 argument), so a refused call leaves the allocator and the cache as they were. :class:`PagedSequenceCache` (one
 sequence seen as a :class:`~attention_core.models.kv_cache.KVCache`) can be cropped, snapshotted and restored
 exactly: a block that the sequence lets go of while a live snapshot still lists it is kept (pinned) for that
-snapshot until the snapshot is restored or released. Release is explicit -- ``snap.release()``, or a ``with``
+snapshot until the snapshot is restored or released (released, it hands the block to another live snapshot that
+still lists it, the newest first, or else back to the pool). Release is explicit -- ``snap.release()``, or a ``with``
 block around the snapshot -- so the pool's reference counts never depend on when the garbage collector runs;
 a snapshot dropped unreleased gives its pins back when it is collected (a fallback only).
 """
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -92,14 +94,15 @@ class _PagedSnapshot:
     """A :class:`PagedSequenceCache` snapshot: the sequence's length, table and ``seen``, and the references
     (``pins``) it holds on blocks the sequence let go of since (given back by :meth:`release`)."""
 
-    __slots__ = ("owner", "seq", "length", "table", "seen", "pins", "released", "_unpin", "__weakref__")
+    __slots__ = ("owner", "seq", "length", "table", "seen", "pins", "released", "order", "_unpin", "__weakref__")
 
     def __init__(self, owner: PagedKVCache, seq: int, length: int, table: List[int], seen: int) -> None:
         self.owner, self.seq, self.length, self.table, self.seen = owner, seq, length, table, seen
         self.pins: List[int] = []
         self.released = False
+        self.order = next(_ORDER)  # later snapshots take a let-go block first (see PagedKVCache._release)
         # a fallback for a snapshot dropped unreleased: its pins go back when it is collected
-        self._unpin = weakref.finalize(self, _unpin, owner.allocator, self.pins)
+        self._unpin = weakref.finalize(self, _give_back, owner, seq, self.pins)
 
     def release(self) -> None:
         """Give back the blocks this snapshot pins, and pin no more (idempotent). It cannot be restored after."""
@@ -109,7 +112,7 @@ class _PagedSnapshot:
         live = self.owner._live.get(self.seq)
         if live is not None:
             live.discard(self)
-        self._unpin()  # runs _unpin once, now; the collector will not run it again
+        self._unpin()  # runs _give_back once, now; the collector will not run it again
 
     def __enter__(self) -> _PagedSnapshot:
         return self
@@ -118,9 +121,18 @@ class _PagedSnapshot:
         self.release()
 
 
-def _unpin(allocator: BlockAllocator, pins: List[int]) -> None:
+_ORDER = itertools.count()
+
+
+def _give_back(owner: PagedKVCache, seq: int, pins: List[int]) -> None:
+    """A released (or collected) snapshot's pins: a block the sequence no longer holds goes to another live
+    snapshot of it that lists the block without a pin (it would find the block gone or reused otherwise); the
+    rest go back to the allocator."""
+    held = owner.tables.get(seq, ())
     for block in pins:
-        allocator.free(block)
+        if block not in held and owner._pin_to_a_snapshot(seq, block):
+            continue
+        owner.allocator.free(block)
     pins.clear()
 
 
@@ -169,11 +181,18 @@ class PagedKVCache:
     def _release(self, seq: int, block: int) -> None:
         """``seq`` lets go of ``block``: a live snapshot of ``seq`` that lists it and holds no pin on it yet takes
         the reference over (so restoring it finds the block as it was); else the reference is freed."""
-        for snap in list(self._live.get(seq, ())):
+        if not self._pin_to_a_snapshot(seq, block):
+            self.allocator.free(block)
+
+    def _pin_to_a_snapshot(self, seq: int, block: int) -> bool:
+        """Give ``block``'s reference to the newest live snapshot of ``seq`` that lists it without a pin; False
+        if there is none. Newest first, so that a transaction's own snapshot (the newest while it runs) takes
+        what the transaction lets go of, and its restore gives every count back as it was."""
+        for snap in sorted(self._live.get(seq, ()), key=lambda s: s.order, reverse=True):
             if block in snap.table and block not in snap.pins:
                 snap.pins.append(block)
-                return
-        self.allocator.free(block)
+                return True
+        return False
 
     # ------------------------------------------------------------------ sequences
     def add_sequence(self, seq: int) -> None:
