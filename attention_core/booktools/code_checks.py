@@ -19,7 +19,10 @@ calling it raises :class:`NotForThisExercise`, whose message says what to write.
 - torch's functions that compute the whole answer (named in ``unavailable``; refused by identity as well, so an
   alias taken before the check is refused too);
 - the checker's own helpers (every function of the module that defines the exercise's reference);
-- the chapter's worked solution (``<name>_solution`` in the reader's namespace, and any alias of its code).
+- the chapter's worked solution: the function the chapter's cell defines as ``<name>_solution``, refused by
+  its code object's name when it runs (however it is reached: under that name, an alias taken before a
+  ``del``, a ``functools.partial``, a class whose ``__call__`` is it); the name in the reader's namespace is
+  patched too.
 """
 
 from __future__ import annotations
@@ -481,11 +484,15 @@ def _refuse_banned_code(codes: dict[Any, str], files: tuple[tuple[str, ...], dic
                                                                          real.startswith(p))), None)
         return seen[filename]
 
+    worked = f"{spec.name}_solution"  # the name the chapter's worked-solution cell defines
+
     def hook(frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             code = frame.f_code
             if code in codes:
                 _blocked(codes[code], spec)()
+            if code.co_name == worked:  # the worked solution's own code, however it is reached
+                _blocked(_label(worked, spec), spec)()
             if code.co_name != "<module>" and prefixes:
                 prefix = where(code.co_filename)
                 if prefix is not None:
