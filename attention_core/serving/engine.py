@@ -114,6 +114,9 @@ def paged_forward(model: DecoderLM, cache: PagedKVCache, seqs: Sequence[int], to
         for v, snap in zip(views, snaps):
             v.restore(snap)
         raise
+    finally:  # the transaction is over: no block stays pinned for these snapshots
+        for snap in snaps:
+            snap.release()
 
 
 def _paged_forward(model: DecoderLM, cache: PagedKVCache, seqs: List[int], tokens: torch.Tensor,
