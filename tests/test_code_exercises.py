@@ -1163,3 +1163,27 @@ def test_the_worked_solution_is_refused_however_it_is_reached(key, route):
     assert report.status == "failed" and LIBRARY in report.message, (key, route, report.message)
     assert f"worked solution ({name}_solution)" in report.message, report.message
     assert sys.getprofile() is None or sys.getprofile().__name__ != "hook"  # the hook is removed afterwards
+
+
+def test_drawn_inputs_belong_to_their_spec_and_go_with_it():
+    """The drawn inputs are cached per spec; a freed spec's entry goes, and a spec that gets a freed (or any
+    other) spec's id never gets that spec's inputs."""
+    import gc
+
+    from hypothesis import strategies as st
+
+    def spec_of(value: float) -> code_checks.FunctionSpec:
+        return code_checks.FunctionSpec("f", lambda x: x, st.just((torch.tensor([value]),)))
+
+    first, second = spec_of(1.0), spec_of(2.0)
+    drawn = code_checks._drawn(first)
+    assert drawn and all(args[0].item() == 1.0 for args in drawn)
+    assert code_checks._drawn(first) is drawn  # cached: the same inputs at every call
+    # a stale entry under the second spec's id (as if the first had been freed and its id reused)
+    code_checks._DRAWN[id(second)] = code_checks._DRAWN[id(first)]
+    assert all(args[0].item() == 2.0 for args in code_checks._drawn(second))
+    key = id(first)
+    del first, drawn
+    gc.collect()
+    assert key not in code_checks._DRAWN  # freed with its spec
+    assert id(second) in code_checks._DRAWN

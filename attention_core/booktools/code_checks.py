@@ -33,6 +33,7 @@ import importlib
 import os
 import sys
 import textwrap
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -303,12 +304,15 @@ def _hint(fn: Callable[..., Any], got: Any, args: tuple, expected: Any, spec: Fu
     return None
 
 
-_DRAWN: dict[int, tuple] = {}
+#: id(spec) -> (a weak reference to that spec, its drawn inputs). The entry goes when the spec is freed, and a
+#: lookup checks the reference, so a new spec that happens to get a freed one's id never gets its inputs.
+_DRAWN: dict[int, tuple[weakref.ref, tuple]] = {}
 
 
 def _drawn(spec: FunctionSpec, n: int = 12) -> tuple:
     """``n`` inputs drawn from the exercise's strategy, the same ones at every call (derandomized)."""
-    if id(spec) not in _DRAWN:
+    entry = _DRAWN.get(id(spec))
+    if entry is None or entry[0]() is not spec:
         from hypothesis import HealthCheck, Phase, given, settings
 
         found: list[tuple] = []
@@ -320,8 +324,14 @@ def _drawn(spec: FunctionSpec, n: int = 12) -> tuple:
             found.append(_clone(args))
 
         collect()
-        _DRAWN[id(spec)] = tuple(found)
-    return _DRAWN[id(spec)]
+        key = id(spec)
+
+        def forget(ref: weakref.ref, key: int = key) -> None:
+            if _DRAWN.get(key, (None,))[0] is ref:  # only this spec's own entry
+                del _DRAWN[key]
+
+        entry = _DRAWN[key] = (weakref.ref(spec, forget), tuple(found))
+    return entry[1]
 
 
 def _same_mistake_elsewhere(fn: Callable[..., Any], mistake: Mistake, spec: FunctionSpec) -> bool:
