@@ -217,6 +217,48 @@ def test_every_box_states_the_precision_it_checks(chapter, key, encoded, tol) ->
     assert twin and (float(twin[1]), float(twin[2])) == (ex.atol, ex.rtol)  # and checks with the same tolerance
 
 
+#: A student's honest tries in chapters 2, 5, 9 and 13, as typed: each box refuses a value rounded coarser than it
+#: states, a value off by a factor, and one in the wrong unit (or of the wrong quantity), and accepts the answer
+#: written in the forms a student writes it.
+STUDENT_TRIES: dict[tuple[str, str], dict[str, list[str]]] = {
+    ("02", "scale s ="): {"right": ["0.0625", "1/16", "6.25e-2"], "rounded": ["0.06", "0.063"],
+                          "factor": ["0.25", "1/256"], "unit": ["16", "256"]},  # 1/sqrt(d_k); a variance; sd of q.k
+    ("02", "weight of key 0 ="): {"right": ["0.665", "0.6652"], "rounded": ["0.67", "0.7"],
+                                  "factor": ["7.389", "0.0405"], "unit": ["66.5"]},  # e^2 alone; unmasked; percent
+    ("02", "parameters ="): {"right": ["3001000", "3,001,000", "3.001e6"], "rounded": ["3000000", "3e6"],
+                             "factor": ["6002000", "2001000"], "unit": ["3.001", "3001"]},  # millions; thousands
+    ("02", "non-zero weights ="): {"right": ["15", "15.0"], "rounded": ["14.9"], "factor": ["30", "9"],
+                                   "unit": ["0.6", "60"]},  # both sequences; rows masked too; a fraction; percent
+    ("05", "weight of baseball on itself"): {"right": ["0.881", "0.8808"], "rounded": ["0.88", "0.9"],
+                                             "factor": ["0.982", "0.7602"], "unit": ["88.1"]},  # gap doubled; scaled
+    ("05", "pairs that take part, L = 6"): {"right": ["21", "21.0"], "rounded": ["20"], "factor": ["42", "36"],
+                                            "unit": ["0.583", "7/12"]},  # counted twice; no mask; a fraction
+    ("09", "KV cache (GiB) ="): {"right": ["1.25", "5/4"], "rounded": ["1.3", "1.2", "1"], "factor": ["6.25", "2.5"],
+                                 "unit": ["1.342", "1280", "1342177280"]},  # query heads; float32; GB; MiB; bytes
+    ("09", "tiles ="): {"right": ["136"], "rounded": ["140"], "factor": ["256", "272", "120"],
+                        "unit": ["557056", "0.53"]},  # all tiles; twice; no diagonal; elements; a fraction
+    ("09", "l ="): {"right": ["1.149", "1.1494"], "rounded": ["1.15", "1.1"], "factor": ["23.09", "61.26"],
+                    "unit": ["5.139", "0.139"]},  # from m1; rescaled the wrong way; log-sum-exp; log l
+    ("13", "JSD (nats)"): {"right": ["0.38", "0.3804", "0.4"], "rounded": ["0.3", "0"], "factor": ["0.761", "0.19"],
+                           "unit": ["0.549", "0.165"]},  # not halved; halved twice; bits; log10
+}
+
+
+@pytest.mark.parametrize(("chapter", "key"), list(STUDENT_TRIES), ids=[f"{c}-{k}" for c, k in STUDENT_TRIES])
+def test_a_students_honest_tries(chapter, key) -> None:
+    (encoded, tol), = [(e, t) for c, k, e, t in EXERCISES if (c, k) == (chapter, key)]
+    ex = exercises.ValueCheck(key.split("#")[0], encoded, hint="the box's hint", **tol)
+    tries = STUDENT_TRIES[(chapter, key)]
+    assert set(tries) == {"right", "rounded", "factor", "unit"}
+    for kind, texts in tries.items():
+        for text in texts:
+            said = ex.evaluate(text)
+            if kind == "right":
+                assert said.startswith(exercises.CORRECT), (chapter, key, text, said)
+            else:
+                assert said == f"{exercises.NOT_YET}. the box's hint", (chapter, key, kind, text, said)
+
+
 def test_thousands_separators_and_their_look_alikes() -> None:
     assert exercises.parse_number("389,152") == 389152.0 and exercises.parse_number("-8,390,656.5") == -8390656.5
     for text in ("1,2", "12,34", "1,2345", ",123", "1,234,56"):  # not thousands groups: not a number

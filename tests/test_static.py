@@ -169,7 +169,7 @@ def test_every_book_box_checks_in_the_page_as_it_does_in_the_kernel() -> None:
     import json
     import subprocess
 
-    from test_numeric_exercises import EXERCISES, MISTAKES, REFUSED_NOW, WRITTEN_AS
+    from test_numeric_exercises import EXERCISES, MISTAKES, REFUSED_NOW, STUDENT_TRIES, WRITTEN_AS
 
     from attention_core.booktools import exercises
 
@@ -180,6 +180,7 @@ def test_every_book_box_checks_in_the_page_as_it_does_in_the_kernel() -> None:
         width = ex.atol + ex.rtol * abs(e)
         inputs = [repr(e), f"{e:,}", *WRITTEN_AS.get((chapter, key), []), *REFUSED_NOW.get((chapter, key), []),
                   *(repr(float(m)) for m in MISTAKES[(chapter, key)]), repr(e + 0.9 * width), repr(e - 2 * width),
+                  *(text for texts in STUDENT_TRIES.get((chapter, key), {}).values() for text in texts),
                   "", "abc", "1/0"]
         markup = ex.static_html()
         attrs = dict(re.findall(r'data-(answer|why)="([^"]*)"', markup))
