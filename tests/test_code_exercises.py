@@ -769,14 +769,17 @@ def worked_solution(key):
     for cell in _cells(key):
         src = "".join(cell["source"])
         if cell["cell_type"] == "code" and f"def {name}_solution(" in src:
-            exec(compile(src, f"<{key} worked solution>", "exec"), namespace)  # noqa: S102 - the book's own code
-            return namespace.pop(f"{name}_solution")  # the reader's own function, under another name
+            # the reader who writes the worked solution out in the stub: the same code under the exercise's name
+            # (the function the chapter defines as <name>_solution is refused whatever it is called)
+            exec(compile(src.replace(f"{name}_solution", name), f"<{key} worked solution>", "exec"),  # noqa: S102
+                 namespace)
+            return namespace.pop(name)
         if cell["cell_type"] == "markdown":
             for block in re.findall(r"```python\n(.*?)```", src, flags=re.S):
-                for defined in (f"{name}_solution", name):
-                    if f"def {defined}(" in block:
-                        exec(compile(block, f"<{key} solution>", "exec"), namespace)  # noqa: S102
-                        return namespace.pop(defined)
+                if f"def {name}_solution(" in block or f"def {name}(" in block:
+                    exec(compile(block.replace(f"{name}_solution", name), f"<{key} solution>", "exec"),  # noqa: S102
+                         namespace)
+                    return namespace.pop(name)
     return None  # the chapter's solution is prose only: the copy below stands for it
 
 
@@ -1151,3 +1154,47 @@ def test_window_rise_check_holds_on_any_passage():
     assert not all(0 <= r < 0.05 for r in rises)  # the old bound does not hold on every passage
     with pytest.raises(ValueError, match="inputs must be"):
         ce.window_loss_rise(model, inputs, targets, 4, start=1000)
+
+
+@pytest.mark.parametrize("key", WORKED_IN_CODE)
+@pytest.mark.parametrize("route", ["partial", "class", "alias-then-del"])
+def test_the_worked_solution_is_refused_however_it_is_reached(key, route):
+    """Routes that never name the worked solution in the reader's function's globals: a ``functools.partial``
+    of it, an object whose ``__call__`` is it, an alias kept after its name is deleted. Its code is refused."""
+    name = key.split(".")[1]
+    cell = next("".join(c["source"]) for c in _cells(key)
+                if c["cell_type"] == "code" and f"def {name}_solution(" in "".join(c["source"]))
+    tail = {"partial": f"import functools\n{name} = functools.partial({name}_solution)\n",
+            "class": f"class _Mine:\n    __call__ = staticmethod({name}_solution)\n{name} = _Mine()\n",
+            "alias-then-del": f"_sol = {name}_solution\ndel {name}_solution\n"
+                              f"def {name}(*args):\n    return _sol(*args)\n"}[route]
+    namespace = {"torch": torch, "math": math, "F": F, "partial_softmax": ce.partial_softmax}
+    exec(compile(cell + "\n" + tail, f"<{key} after Run all>", "exec"), namespace)  # noqa: S102
+    report = code_checks.check_function(namespace[name], ce.spec(key))
+    assert report.status == "failed" and LIBRARY in report.message, (key, route, report.message)
+    assert f"worked solution ({name}_solution)" in report.message, report.message
+    assert sys.getprofile() is None or sys.getprofile().__name__ != "hook"  # the hook is removed afterwards
+
+
+def test_drawn_inputs_belong_to_their_spec_and_go_with_it():
+    """The drawn inputs are cached per spec; a freed spec's entry goes, and a spec that gets a freed (or any
+    other) spec's id never gets that spec's inputs."""
+    import gc
+
+    from hypothesis import strategies as st
+
+    def spec_of(value: float) -> code_checks.FunctionSpec:
+        return code_checks.FunctionSpec("f", lambda x: x, st.just((torch.tensor([value]),)))
+
+    first, second = spec_of(1.0), spec_of(2.0)
+    drawn = code_checks._drawn(first)
+    assert drawn and all(args[0].item() == 1.0 for args in drawn)
+    assert code_checks._drawn(first) is drawn  # cached: the same inputs at every call
+    # a stale entry under the second spec's id (as if the first had been freed and its id reused)
+    code_checks._DRAWN[id(second)] = code_checks._DRAWN[id(first)]
+    assert all(args[0].item() == 2.0 for args in code_checks._drawn(second))
+    key = id(first)
+    del first, drawn
+    gc.collect()
+    assert key not in code_checks._DRAWN  # freed with its spec
+    assert id(second) in code_checks._DRAWN

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
@@ -135,3 +136,62 @@ def test_generation_explorer_regenerates_and_carries_a_text_twin() -> None:
     with pytest.raises(TypeError, match="complete must be a callable"):
         GenerationExplorer("not a function")
     assert isinstance(w, widgets.VBox)
+
+
+_NODE_HARNESS = r"""
+const boxes = JSON.parse(require("fs").readFileSync(0, "utf8"));
+global.atob = (s) => Buffer.from(s, "base64").toString("binary");
+const verdicts = [];
+for (const box of boxes) {
+  const els = {};
+  const root = {dataset: {answer: box.answer, why: box.why}, querySelector(sel) {
+    return els[sel] || (els[sel] = {value: "", textContent: "", style: {},
+                                    addEventListener(_ev, fn) { this.handler = fn; }});
+  }};
+  global.document = {getElementById: () => root};
+  eval(box.script);
+  verdicts.push(box.inputs.map((text) => {
+    root.querySelector(".ac-answer-input").value = text;
+    root.querySelector(".ac-answer-check").handler();
+    return root.querySelector(".ac-answer-feedback").textContent.includes("Correct");
+  }));
+}
+process.stdout.write(JSON.stringify(verdicts));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the site's script")
+def test_every_book_box_checks_in_the_page_as_it_does_in_the_kernel() -> None:
+    """The static twin of each of the book's number boxes (run by node with a stand-in for the page) accepts and
+    refuses exactly what the kernel's box does: the answer, the forms the chapter writes, what its stated
+    precision refuses, the known mistakes, and values just inside and just outside its tolerance."""
+    import html as html_lib
+    import json
+    import subprocess
+
+    from test_numeric_exercises import EXERCISES, MISTAKES, REFUSED_NOW, STUDENT_TRIES, WRITTEN_AS
+
+    from attention_core.booktools import exercises
+
+    boxes, kernel = [], []
+    for chapter, key, encoded, tol in EXERCISES:
+        ex = exercises.ValueCheck(key.split("#")[0], encoded, **tol)
+        e = exercises.decode_answer(encoded)
+        width = ex.atol + ex.rtol * abs(e)
+        inputs = [repr(e), f"{e:,}", *WRITTEN_AS.get((chapter, key), []), *REFUSED_NOW.get((chapter, key), []),
+                  *(repr(float(m)) for m in MISTAKES[(chapter, key)]), repr(e + 0.9 * width), repr(e - 2 * width),
+                  *(text for texts in STUDENT_TRIES.get((chapter, key), {}).values() for text in texts),
+                  "", "abc", "1/0"]
+        markup = ex.static_html()
+        attrs = dict(re.findall(r'data-(answer|why)="([^"]*)"', markup))
+        script = re.search(r"<script>(.*)</script>", markup, flags=re.S)[1]
+        boxes.append({"answer": html_lib.unescape(attrs["answer"]), "why": attrs["why"], "script": script,
+                      "inputs": inputs})
+        kernel.append([ex.accepts(text) for text in inputs])
+    done = subprocess.run(["node", "-e", _NODE_HARNESS], input=json.dumps(boxes), capture_output=True, text=True,
+                          check=True, timeout=60)
+    page = json.loads(done.stdout)
+    for (chapter, key, _, _), box, k, p in zip(EXERCISES, boxes, kernel, page):
+        differ = [(text, kk, pp) for text, kk, pp in zip(box["inputs"], k, p) if kk != pp]
+        assert not differ, f"ch. {chapter} {key!r}: (input, kernel, page) disagree: {differ}"
+        assert k[0] and p[0]

@@ -19,7 +19,10 @@ calling it raises :class:`NotForThisExercise`, whose message says what to write.
 - torch's functions that compute the whole answer (named in ``unavailable``; refused by identity as well, so an
   alias taken before the check is refused too);
 - the checker's own helpers (every function of the module that defines the exercise's reference);
-- the chapter's worked solution (``<name>_solution`` in the reader's namespace, and any alias of its code).
+- the chapter's worked solution: the function the chapter's cell defines as ``<name>_solution``, refused by
+  its code object's name when it runs (however it is reached: under that name, an alias taken before a
+  ``del``, a ``functools.partial``, a class whose ``__call__`` is it); the name in the reader's namespace is
+  patched too.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import importlib
 import os
 import sys
 import textwrap
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -300,12 +304,15 @@ def _hint(fn: Callable[..., Any], got: Any, args: tuple, expected: Any, spec: Fu
     return None
 
 
-_DRAWN: dict[int, tuple] = {}
+#: id(spec) -> (a weak reference to that spec, its drawn inputs). The entry goes when the spec is freed, and a
+#: lookup checks the reference, so a new spec that happens to get a freed one's id never gets its inputs.
+_DRAWN: dict[int, tuple[weakref.ref, tuple]] = {}
 
 
 def _drawn(spec: FunctionSpec, n: int = 12) -> tuple:
     """``n`` inputs drawn from the exercise's strategy, the same ones at every call (derandomized)."""
-    if id(spec) not in _DRAWN:
+    entry = _DRAWN.get(id(spec))
+    if entry is None or entry[0]() is not spec:
         from hypothesis import HealthCheck, Phase, given, settings
 
         found: list[tuple] = []
@@ -317,8 +324,14 @@ def _drawn(spec: FunctionSpec, n: int = 12) -> tuple:
             found.append(_clone(args))
 
         collect()
-        _DRAWN[id(spec)] = tuple(found)
-    return _DRAWN[id(spec)]
+        key = id(spec)
+
+        def forget(ref: weakref.ref, key: int = key) -> None:
+            if _DRAWN.get(key, (None,))[0] is ref:  # only this spec's own entry
+                del _DRAWN[key]
+
+        entry = _DRAWN[key] = (weakref.ref(spec, forget), tuple(found))
+    return entry[1]
 
 
 def _same_mistake_elsewhere(fn: Callable[..., Any], mistake: Mistake, spec: FunctionSpec) -> bool:
@@ -481,11 +494,15 @@ def _refuse_banned_code(codes: dict[Any, str], files: tuple[tuple[str, ...], dic
                                                                          real.startswith(p))), None)
         return seen[filename]
 
+    worked = f"{spec.name}_solution"  # the name the chapter's worked-solution cell defines
+
     def hook(frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             code = frame.f_code
             if code in codes:
                 _blocked(codes[code], spec)()
+            if code.co_name == worked:  # the worked solution's own code, however it is reached
+                _blocked(_label(worked, spec), spec)()
             if code.co_name != "<module>" and prefixes:
                 prefix = where(code.co_filename)
                 if prefix is not None:

@@ -67,11 +67,13 @@ _COLORS = {True: "#009E73", False: "#D55E00", None: "#555555"}  # Okabe-Ito gree
 
 
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?")
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def parse_number(text: Any) -> float | None:
-    """A float from user input: ``"0.25"``, ``" 1e-3 "``, ``"1/4"``, ``"-3/2"``, ``"389,152"`` (commas between
-    groups of three digits, as the chapters write large numbers); ``None`` if it is not one."""
+    """A float from user input: ``"0.25"``, ``" 1e-3 "``, ``"1/4"``, ``"-3/2"``, ``"3/1.32"`` (a quotient, as the
+    chapters write one), ``"389,152"`` (commas between groups of three digits, as the chapters write large
+    numbers); ``None`` if it is not one."""
     if isinstance(text, bool):
         return None
     if isinstance(text, (int, float, np.number)):
@@ -90,7 +92,12 @@ def parse_number(text: Any) -> float | None:
     try:
         return float(Fraction(s.replace(" ", "")))
     except (ValueError, ZeroDivisionError):
-        return None
+        pass
+    numerator, slash, denominator = s.partition("/")  # a quotient of decimals, as a chapter writes "3/1.32"
+    if slash and _DECIMAL.fullmatch(numerator.strip()) and _DECIMAL.fullmatch(denominator.strip()):
+        low = float(denominator)
+        return float(numerator) / low if low != 0 else None
+    return None
 
 
 def _as_array(x: Any) -> np.ndarray | None:
@@ -214,11 +221,16 @@ def decode_text(encoded: str) -> str:
     return _unwrap(encoded, "act1:", "encode_text")
 
 
-def _with_precision(name: str, expected: float, digits: int | None, decimals: int | None) -> tuple[str, float]:
+def _with_precision(name: str, expected: float, digits: int | None, decimals: int | None,
+                    exact: bool = False) -> tuple[str, float]:
     """The label that states the precision checked, and the tolerance that accepts the expected value rounded to
-    it (half a unit of its last digit; a more precise answer is accepted too)."""
-    if (digits is None) == (decimals is None):
-        raise ValueError(f"give one of digits or decimals, got digits={digits!r}, decimals={decimals!r}")
+    it (half a unit of its last digit; a more precise answer is accepted too). ``exact``: the value itself (a
+    count, a whole number of parameters, a fraction such as 129/2), up to float rounding of the text typed."""
+    if sum((digits is not None, decimals is not None, exact is True)) != 1 or exact not in (True, False):
+        raise ValueError(f"give one of digits, decimals or exact=True, got digits={digits!r}, decimals={decimals!r}, "
+                         f"exact={exact!r}")
+    if exact:
+        return _label(name, "(exact)"), 1e-9 * max(1.0, abs(expected))
     if digits is not None:
         if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1:
             raise ValueError(f"digits must be a positive int, got {digits!r}")
@@ -229,7 +241,14 @@ def _with_precision(name: str, expected: float, digits: int | None, decimals: in
             raise ValueError(f"decimals must be a non-negative int, got {decimals!r}")
         exponent = -decimals
         said = f"{decimals} decimal place{'s' if decimals != 1 else ''}"
-    return f"{name} (to {said})", 0.5 * 10.0**exponent * (1 + 1e-9)
+    return _label(name, f"(to {said})"), 0.5 * 10.0**exponent * (1 + 1e-9)
+
+
+def _label(name: str, precision: str) -> str:
+    """``name`` with the precision said after it, or before its closing "=" ("f(0.9) (exact) =")."""
+    if name.rstrip().endswith("="):
+        return f"{name.rstrip()[:-1].rstrip()} {precision} ="
+    return f"{name} {precision}"
 
 
 class ValueCheck(StaticTwin, widgets.VBox):
@@ -238,8 +257,10 @@ class ValueCheck(StaticTwin, widgets.VBox):
     The answer is given encoded (:func:`encode_answer`), so neither the chapter's source nor any output
     shows it; the static twin for the site carries it encoded too and checks in the page. The explanation
     (shown once the answer is right) may be given encoded as well (:func:`encode_text`), as chapters do.
-    ``digits`` (significant figures) or ``decimals`` states the precision checked: the label says it, and the
-    expected value rounded to it (or any answer within half a unit of its last digit) is accepted.
+    ``digits`` (significant figures), ``decimals`` or ``exact=True`` states the precision checked: the label says
+    it ("(to 3 significant figures)", "(to 2 decimal places)", "(exact)"), and the expected value rounded to it
+    (any answer within half a unit of its last digit), or for ``exact`` the value itself, is accepted. A chapter's
+    box states one of them; ``rtol`` and ``atol`` are then not used (the static twin checks the same way).
 
     Attributes:
         answer: the ``Text`` widget the reader types into.
@@ -258,10 +279,11 @@ class ValueCheck(StaticTwin, widgets.VBox):
         explanation: str = "",
         digits: int | None = None,
         decimals: int | None = None,
+        exact: bool = False,
     ) -> None:
         self._expected = decode_answer(answer)
-        if digits is not None or decimals is not None:  # the precision is stated, and a value rounded to it is right
-            name, atol = _with_precision(name, self._expected, digits, decimals)
+        if digits is not None or decimals is not None or exact is not False:  # the precision is stated
+            name, atol = _with_precision(name, self._expected, digits, decimals, exact)
             rtol = 0.0
         if isinstance(explanation, str) and explanation.startswith("act1:"):  # written encoded (encode_text)
             explanation = decode_text(explanation)
@@ -355,8 +377,8 @@ class Quiz(StaticTwin, widgets.VBox):
         self.feedback.value = _render(message, None if index is None else index == self.answer_index)
 
 
-#: The numeric self-check of a chapter: ``check_value(name, answer, rtol=..., atol=..., hint=..., explanation=...)``
-#: (the answer encoded by :func:`encode_answer`); another name for :class:`ValueCheck`.
+#: The numeric self-check of a chapter: ``check_value(name, answer, digits=... | decimals=... | exact=True,
+#: hint=..., explanation=...)`` (the answer encoded by :func:`encode_answer`); another name for :class:`ValueCheck`.
 check_value = ValueCheck
 
 
