@@ -1,7 +1,8 @@
 """DeepSpeed-Ulysses (Jacobs et al. 2023): trade the sequence split for a head split, attend, trade back.
 
 Each rank starts with its shard of the sequence for all H heads. One all-to-all gives every rank H/P heads
-for the *whole* sequence; it runs ordinary attention on them (the library's ``scaled_dot_product_attention``);
+for the *whole* sequence; it runs ordinary attention on them (the library's ``scaled_dot_product_attention``,
+with the kernel ``backend=`` names);
 a second all-to-all on the output gives every rank its shard of the sequence back, all heads. Two all-to-alls
 per attention layer in the forward pass (q, k and v move in the first), and their mirror images in the
 backward. P cannot exceed the number of key/value heads: every rank needs whole heads.
@@ -14,6 +15,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from attention_core.backends import get_backend
 from attention_core.distributed.layout import local_lengths, positions
 from attention_core.distributed.ring import CommStats, check_shards
 from attention_core.functional import scaled_dot_product_attention
@@ -99,8 +101,8 @@ def ulysses_bytes(lengths: Sequence[int], batch: int, heads: int, kv_heads: int,
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                       scale: Optional[float] = None, layout: str = "contiguous",
-                      group: Optional[dist.ProcessGroup] = None, stats: Optional[CommStats] = None
-                      ) -> torch.Tensor:
+                      group: Optional[dist.ProcessGroup] = None, stats: Optional[CommStats] = None,
+                      backend: Optional[str] = None) -> torch.Tensor:
     """This rank's shard of ``scaled_dot_product_attention`` on the whole sequence, by two all-to-alls.
 
     Args:
@@ -110,10 +112,16 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_c
         layout: the layout the shards were made with.
         group: the process group (``None``: the default one).
         stats: a :class:`~attention_core.distributed.ring.CommStats` to fill with bytes sent and events.
+        backend: the kernel of the local attention call, as ``scaled_dot_product_attention``'s ``backend``
+            (``None``: its automatic choice; ``"chunked"``: the kernel ring attention uses).
 
     Returns:
         (B, Hq, L_local, Ev).
     """
+    if backend is not None:  # refused before any message is sent (a wrong name raises on every rank alike)
+        if not isinstance(backend, str):
+            raise TypeError(f"ulysses_attention: backend must be a str or None, got {type(backend).__name__}")
+        get_backend(backend)
     rank, P, Lq, Lk = check_shards(q, k, v, layout, group, "ulysses_attention")
     Hq, H = q.shape[1], k.shape[1]
     if Hq % P or H % P:
@@ -128,7 +136,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_c
         pk = torch.cat([positions(Lk, P, r, layout) for r in range(P)]).to(q.device)
         qh, kh, vh = qh[:, :, pq.argsort()], kh[:, :, pk.argsort()], vh[:, :, pk.argsort()]
     start = stats.now() if stats is not None else 0.0
-    oh = scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=scale, enable_gqa=Hq != H)
+    oh = scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=scale, enable_gqa=Hq != H,
+                                      backend=backend)
     if stats is not None:
         stats.events.append(("compute", start, stats.now()))
     if layout != "contiguous":
