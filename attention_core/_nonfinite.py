@@ -21,7 +21,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Poison", "all_finite", "bad_rows", "check_on_host", "clean_and_poison", "empty_result"]
+__all__ = ["Poison", "all_finite", "bad_rows", "check_on_host", "clean_and_poison", "empty_result", "nan_rows",
+           "zero_nonfinite"]
 
 
 class Poison(NamedTuple):
@@ -81,9 +82,9 @@ def clean_and_poison(
     H, S = key.shape[-3], key.shape[-2]
     group = Hq // H
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
-    bad_q = _bad_rows(query)[..., None]  # (B, Hq, L, 1)
-    bad_kv = _bad_rows(key)  # (B, H, S): per key, and with value's as a second column
-    bad_kv = torch.stack([bad_kv, _bad_rows(value)], dim=-1) if value is not None else bad_kv[..., None]
+    bad_q = bad_rows(query)[..., None]  # (B, Hq, L, 1)
+    bad_kv = bad_rows(key)  # (B, H, S): per key, and with value's as a second column
+    bad_kv = torch.stack([bad_kv, bad_rows(value)], dim=-1) if value is not None else bad_kv[..., None]
     bad_kv = bad_kv.repeat_interleave(group, dim=1).to(torch.float32)  # (B, H, S, c) -> (B, Hq, S, c), 0 or 1
     # Which rows read a bad key or value row, without an (L, S) pass where the mask's shape allows it:
     if S == 0:
@@ -111,12 +112,9 @@ def clean_and_poison(
         attn_mask = attn_mask.masked_fill(~(attn_mask < math.inf), 0.0)  # the row is poisoned anyway
 
     def clean(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        return None if t is None else zero_nonfinite(t)
 
-    def nan_rows(rows: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(rows.shape, dtype=query.dtype, device=query.device).masked_fill(rows, math.nan)
-
-    poison = Poison(weights=nan_rows(poison_w), out=nan_rows(poison_out))
+    poison = Poison(weights=nan_rows(poison_w, query), out=nan_rows(poison_out, query))
     if attn_mask is None and not is_causal and S > 0 and not _may_differentiate(query, key, value):
         # Every row reads every key: a bad key or value row poisons its whole head and a bad query row only its
         # own row, so the raw inputs leak into no row the policy keeps; only gradients would carry them further.
@@ -153,7 +151,7 @@ def _reads_bad(reads: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     return out.view(B, Lm, Hq, c).permute(0, 2, 1, 3)  # -> (B, Hq, Lm, c)
 
 
-def _bad_rows(t: torch.Tensor) -> torch.Tensor:
+def bad_rows(t: torch.Tensor) -> torch.Tensor:
     """(..., N, D) -> (..., N) bool: the rows holding a NaN or an inf.
 
     float32/float64: the row's largest entry is not below inf (``amax`` propagates NaN) or its smallest is not
@@ -167,7 +165,16 @@ def _bad_rows(t: torch.Tensor) -> torch.Tensor:
     return ~(t.amax(-1) < math.inf) | ~(t.amin(-1) > -math.inf)
 
 
-bad_rows = _bad_rows  # the public name, for the modules that apply the same policy (linear and flex attention)
+def zero_nonfinite(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its NaN and infinities replaced by 0: a cleaned input, so that no masked product ``0 * NaN``
+    reaches a row (the rows that did read a bad entry get their NaN back from :func:`nan_rows`)."""
+    return t.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def nan_rows(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``rows``'s shape, in ``like``'s dtype and device: NaN where ``rows`` is True, 0 elsewhere. Added
+    to a result, it makes exactly the poisoned rows NaN."""
+    return torch.zeros(rows.shape, dtype=like.dtype, device=like.device).masked_fill(rows, math.nan)
 
 
 def empty_result(shape: tuple[int, ...], *inputs: torch.Tensor) -> torch.Tensor:

@@ -40,18 +40,21 @@ from attention_core._checks import (
     check_device,
     check_fits,
     check_floating,
+    check_rank,
     check_same_device,
     check_same_dtype,
     check_scale,
     check_tensor,
+    check_tensors_fit,
     fmt_shape,
     short_repr,
 )
-from attention_core._nonfinite import all_finite, bad_rows, empty_result
+from attention_core._nonfinite import all_finite, bad_rows, empty_result, nan_rows, zero_nonfinite
 from attention_core.mask_mods import (
     MaskMod,
     ScoreMod,
     call_mask_mod,
+    check_captured,
     dense_mask,
     dense_scores,
     index_grids,
@@ -220,9 +223,7 @@ def _check_inputs(query, key, value, block_mask, scale, enable_gqa) -> tuple[int
         check_tensor(t, name)
         check_floating(t, name)
     for name, t in named.items():
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D floating tensor (B, H, L or S, E), got shape "
-                             f"{fmt_shape(t.shape)}")
+        check_rank(t, name, (4,), "a 4-D tensor (B, H, L or S, E)")
     check_same_dtype(**named)
     check_same_device(**named)
     check_bool_flag(enable_gqa, "enable_gqa")
@@ -247,41 +248,11 @@ def _check_inputs(query, key, value, block_mask, scale, enable_gqa) -> tuple[int
     scale = check_scale(scale, positive=False)  # any finite number, as the core's SDPA takes
     # refuse what cannot fit before any work: the output, and each input as it is read (a stride-0 expand of a
     # tiny storage can stand for terabytes that every backend reads, element by element)
-    shapes = {name: tuple(t.shape) for name, t in named.items()} | {"the output": (B, Hq, L, value.shape[-1])}
-    for name, shape in shapes.items():
-        check_fits(math.prod(shape) * query.element_size(), f"flex_attention's {name} of shape {fmt_shape(shape)}",
-                   query.device)
+    check_tensors_fit("flex_attention", **named)
+    out_shape = (B, Hq, L, value.shape[-1])
+    check_fits(math.prod(out_shape) * query.element_size(), f"flex_attention's output of shape {fmt_shape(out_shape)}",
+               query.device)
     return B, Hq, L, S
-
-
-def _check_captured(score_mod, block_mask, B: int, Hq: int, L: int, S: int, device: torch.device) -> None:
-    """The library's mods index tensors they captured by head, batch row or position: refuse one too short for
-    these inputs (torch's FlexAttention raises an IndexError in eager mode; a compiled kernel would read past
-    the tensor), or on another device, naming the tensor and what it must cover."""
-    checks = []  # (mod, captured name, tensor, dim, needed, what)
-    kind = getattr(score_mod, "flex_kind", None) or ()
-    if kind[:1] == ("alibi",):
-        checks.append(("alibi", "slopes", kind[1], 0, Hq, "query heads (slopes[h])"))
-    elif kind[:1] == ("relative_position_bias",):
-        checks.append(("relative_position_bias", "table", kind[1], 0, Hq, "query heads (table[h])"))
-    kinds = [getattr(block_mask, "mask_mod", None) and getattr(block_mask.mask_mod, "flex_kind", None) or ()]
-    while kinds:
-        k = kinds.pop()
-        if k and k[0] in ("and", "or"):
-            kinds.extend(x for x in k[1:] if x)
-        elif k and k[0] == "document":
-            ids = k[1]
-            checks.append(("document", "document_ids", ids, -1, max(L, S), "positions (max(L, S))"))
-            if ids.dim() == 2:
-                checks.append(("document", "document_ids", ids, 0, B, "batch rows (ids[b])"))
-    for mod, name, t, dim, needed, what in checks:
-        if not isinstance(t, torch.Tensor):
-            continue
-        if t.device != device:
-            raise ValueError(f"the {mod} mod's captured {name} is on {t.device}, the query on {device}: move one")
-        if t.shape[dim] < needed:
-            raise ValueError(f"the {mod} mod's captured {name} of shape {fmt_shape(t.shape)} covers {t.shape[dim]} "
-                             f"{what.split(' (')[0]} in dim {dim}, fewer than the {needed} {what} of these inputs")
 
 
 def _nonfinite(query, key, value, block_mask):
@@ -318,12 +289,7 @@ def _nonfinite(query, key, value, block_mask):
         bi, hi, qi = (x.view(-1, 1) for x in bad[n0:n0 + step].unbind(1))  # (n, 1) each
         alive = call_mask_mod(mask_mod, bi, hi, qi, kv, (bi.shape[0], S)).any(-1)  # (n,)
         rows[bi[:, 0], hi[:, 0], qi[:, 0]] |= alive
-    poison = torch.zeros(B, H, L, 1, dtype=query.dtype, device=query.device).masked_fill(rows[..., None], math.nan)
-
-    def clean(t: torch.Tensor) -> torch.Tensor:
-        return t.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-
-    return clean(query), clean(key), clean(value), poison
+    return zero_nonfinite(query), zero_nonfinite(key), zero_nonfinite(value), nan_rows(rows[..., None], query)
 
 
 def flex_attention(
@@ -363,7 +329,8 @@ def flex_attention(
         raise TypeError(f"score_mod must be callable or None, got {type(score_mod).__name__}")
     if backend not in ("chunked", "reference", "triton"):
         raise ValueError(f"backend must be 'chunked', 'reference' or 'triton', got {short_repr(backend)}")
-    _check_captured(score_mod, block_mask, B, Hq, L, S, query.device)
+    for mod in (score_mod, block_mask and block_mask.mask_mod):  # a captured tensor too short for these inputs
+        check_captured(mod, B, Hq, L, S, query.device)
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     H = key.shape[1]
     if query.device.type == "meta":  # no values: the shape, dtype and device of the answer

@@ -44,7 +44,7 @@ from attention_core._checks import (
 from attention_core._nonfinite import Poison, all_finite, check_on_host, clean_and_poison, empty_result
 from attention_core.backends import AttentionInputs, resolve_backend
 from attention_core.backends import reference as _reference
-from attention_core.backends.inputs import scale_or_default
+from attention_core.backends.inputs import compute_dtype, scale_or_default
 
 __all__ = [
     "attention",
@@ -400,14 +400,6 @@ def _to_4d(x: torch.Tensor, lead: tuple[int, ...], enable_gqa: bool) -> torch.Te
     batch = lead[:-1]
     x = x.expand(*batch, head, x.shape[-2], x.shape[-1])  # broadcast the leading dims: a view, no copy
     return x.reshape(math.prod(batch), head, x.shape[-2], x.shape[-1])  # (..., H, N, E) -> (B, H, N, E)
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype scores are computed and masks are added in: float32 for float16/bfloat16, else ``dtype``.
-
-    As torch's SDPA does on the CPU: a float32 mask entry of 7e4 next to float16 inputs stays 7e4 (cast to
-    float16 first it would become inf, and the row NaN), and a bfloat16 query keeps a float32 mask's digits."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _mask_to_4d(mask: torch.Tensor, lead: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -45,7 +45,7 @@ from attention_core._checks import (
     fmt_shape,
     short_repr,
 )
-from attention_core._nonfinite import all_finite, bad_rows, check_on_host
+from attention_core._nonfinite import all_finite, bad_rows, check_on_host, nan_rows, zero_nonfinite
 
 __all__ = [
     "FEATURE_MAPS",
@@ -181,12 +181,8 @@ def _clean_features(phi: Callable[[torch.Tensor], torch.Tensor], query: torch.Te
     else:  # every row reads every key
         reads_bad = bad_kv.any(-1, keepdim=True).expand(*bad_kv.shape[:-1], L)  # (..., L)
     rows = (bad_q & (S > 0)) | reads_bad  # (..., L); a row that reads no key stays zeros
-    poison = torch.zeros(rows.shape, dtype=value.dtype, device=value.device).masked_fill(rows, math.nan)
-
-    def clean(t: torch.Tensor) -> torch.Tensor:  # a map that is not finite at 0 either
-        return t.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-
-    return clean(fq), clean(fk), value, poison.unsqueeze(-1)  # (..., L, 1)
+    # a feature map that is not finite at 0 either: its features are cleaned too
+    return zero_nonfinite(fq), zero_nonfinite(fk), value, nan_rows(rows, value).unsqueeze(-1)  # (..., L, 1)
 
 
 def _poisoned(out: torch.Tensor, poison: torch.Tensor | None) -> torch.Tensor:

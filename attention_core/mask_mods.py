@@ -35,6 +35,7 @@ __all__ = [
     "alibi",
     "alibi_slopes",
     "and_masks",
+    "check_captured",
     "causal",
     "causal_bottom_right",
     "dense_mask",
@@ -67,11 +68,36 @@ def _positive(value: int, name: str, *, allow_zero: bool = False) -> int:
     return value
 
 
-def _named(fn, name: str, kind: tuple | None = None):
-    """Name a mod for reprs; ``kind`` (the factory and its arguments) lets a compiled backend recognise it."""
+def _named(fn, name: str, kind: tuple | None = None, captures: tuple = ()):
+    """Name a mod for reprs; ``kind`` (the factory and its arguments) lets a compiled backend recognise it;
+    ``captures`` says what it indexes in the tensors it captured (see :func:`check_captured`)."""
     fn.__name__ = fn.__qualname__ = name
     fn.flex_kind = kind
+    fn.flex_captures = captures
     return fn
+
+
+def _captures_of(*mods) -> tuple:
+    return tuple(c for m in mods for c in getattr(m, "flex_captures", ()))
+
+
+def check_captured(mod, B: int, H: int, L: int, S: int, device: torch.device) -> None:
+    """Refuse a tensor that ``mod`` captured and indexes by query head, batch row or position when it is too
+    short for these inputs, or on another device, naming the tensor and what it must cover (torch's
+    FlexAttention raises an IndexError in eager mode; a compiled kernel would read past the tensor).
+
+    A mod says what it indexes in ``mod.flex_captures``: ``(mod name, tensor name, tensor, dim, over)`` entries,
+    ``over`` one of ``"heads"``, ``"positions"`` (max(L, S)), ``"batch"``; the library's factories and
+    :func:`and_masks` / :func:`or_masks` set it."""
+    needs = {"heads": (H, "query heads"), "positions": (max(L, S), "positions (max(L, S))"),
+             "batch": (B, "batch rows")}
+    for owner, name, t, dim, over in getattr(mod, "flex_captures", ()):
+        if t.device != device:
+            raise ValueError(f"the {owner} mod's captured {name} is on {t.device}, the query on {device}: move one")
+        needed, what = needs[over]
+        if t.shape[dim] < needed:
+            raise ValueError(f"the {owner} mod's captured {name} of shape {tuple(t.shape)} covers {t.shape[dim]} "
+                             f"{what.split(' (')[0]} in dim {dim}, fewer than the {needed} {what} of these inputs")
 
 
 # ------------------------------------------------------------------------------------------ combinators
@@ -102,7 +128,7 @@ def and_masks(*mask_mods: MaskMod) -> MaskMod:
         return keep
 
     return _named(mask_mod, "and_masks(" + ", ".join(getattr(m, "__name__", "mod") for m in mask_mods) + ")",
-                  ("and", *(getattr(m, "flex_kind", None) for m in mask_mods)))
+                  ("and", *(getattr(m, "flex_kind", None) for m in mask_mods)), _captures_of(*mask_mods))
 
 
 def or_masks(*mask_mods: MaskMod) -> MaskMod:
@@ -117,7 +143,7 @@ def or_masks(*mask_mods: MaskMod) -> MaskMod:
         return keep
 
     return _named(mask_mod, "or_masks(" + ", ".join(getattr(m, "__name__", "mod") for m in mask_mods) + ")",
-                  ("or", *(getattr(m, "flex_kind", None) for m in mask_mods)))
+                  ("or", *(getattr(m, "flex_kind", None) for m in mask_mods)), _captures_of(*mask_mods))
 
 
 # ------------------------------------------------------------------------------------------- mask mods
@@ -194,7 +220,10 @@ def document(document_ids: torch.Tensor) -> MaskMod:
     else:
         def mask_mod(b, h, q_idx, kv_idx):
             return ids[b, q_idx] == ids[b, kv_idx]
-    return _named(mask_mod, "document", ("document", ids))
+    captures = (("document", "document_ids", ids, -1, "positions"),)
+    if ids.dim() == 2:
+        captures += (("document", "document_ids", ids, 0, "batch"),)
+    return _named(mask_mod, "document", ("document", ids), captures)
 
 
 def key_padding(kv_lens: torch.Tensor | Sequence[int]) -> MaskMod:
@@ -298,7 +327,7 @@ def alibi(slopes: torch.Tensor) -> ScoreMod:
     def score_mod(score, b, h, q_idx, kv_idx):
         return score + slopes[h] * (kv_idx - q_idx)
 
-    return _named(score_mod, "alibi", ("alibi", slopes))
+    return _named(score_mod, "alibi", ("alibi", slopes), (("alibi", "slopes", slopes, 0, "heads"),))
 
 
 def soft_cap(cap: float) -> ScoreMod:
@@ -330,7 +359,8 @@ def relative_position_bias(table: torch.Tensor, max_distance: int) -> ScoreMod:
     def score_mod(score, b, h, q_idx, kv_idx):
         return score + table[h, (kv_idx - q_idx).clamp(-max_distance, max_distance) + max_distance]
 
-    return _named(score_mod, "relative_position_bias", ("relative_position_bias", table, max_distance))
+    return _named(score_mod, "relative_position_bias", ("relative_position_bias", table, max_distance),
+                  (("relative_position_bias", "table", table, 0, "heads"),))
 
 
 # ------------------------------------------------------------------------------------------ dense oracle

@@ -26,7 +26,8 @@ from typing import Optional
 import torch
 
 from attention_core._checks import check_fits, check_scale, check_tensor, fmt_shape, short_repr
-from attention_core._nonfinite import _bad_rows, all_finite, check_on_host
+from attention_core._nonfinite import all_finite, bad_rows, check_on_host, zero_nonfinite
+from attention_core.backends.inputs import compute_dtype
 from attention_core.functional import scaled_dot_product_attention
 
 __all__ = ["gather_paged_kv", "paged_attention", "PAGED_PATHS"]
@@ -117,11 +118,6 @@ def gather_paged_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len:
     return blocks.transpose(0, 1).flatten(1, 2)[:, :seq_len]  # (n, H, bs, E) -> (H, n * bs, E) -> (H, S, E)
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype paged attention computes in: float64 stays float64, everything else runs in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _gather(query, key_cache, value_cache, block_table, seq_lens, scale):
     B, Hq, L, E = query.shape
     out = query.new_empty(B, Hq, L, value_cache.shape[3])
@@ -147,8 +143,8 @@ def _chunked(query, key_cache, value_cache, block_table, seq_lens, scale):
     ct = compute_dtype(query.dtype)
     host = check_on_host(query, key_cache, value_cache)  # eager CPU: a finiteness test costs no sync
     q = query.to(ct).reshape(B, H, group, L, E)  # (B, Hq, L, E) -> (B, H, G, L, E)
-    bad = _bad_rows(q)  # (B, H, G, L): rows whose query holds a NaN or inf
-    q = q.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0) * scale
+    bad = bad_rows(q)  # (B, H, G, L): rows whose query holds a NaN or inf
+    q = zero_nonfinite(q) * scale
     m = q.new_full((B, H, group, L), -math.inf)
     denom = q.new_zeros(B, H, group, L)
     acc = q.new_zeros(B, H, group, L, Ev)
@@ -163,10 +159,9 @@ def _chunked(query, key_cache, value_cache, block_table, seq_lens, scale):
         k = key_cache[ids].to(ct).masked_fill(~live[:, None, :, None], 0.0)  # (B, H, bs, E), stale slots zeroed
         v = value_cache[ids].to(ct).masked_fill(~live[:, None, :, None], 0.0)  # (B, H, bs, Ev)
         if not (host and bool(all_finite(k, v, None, None))):
-            bad_slot = _bad_rows(k) | _bad_rows(v)  # (B, H, bs)
+            bad_slot = bad_rows(k) | bad_rows(v)  # (B, H, bs)
             bad = bad | (ok[:, None, None] & bad_slot[:, :, None, None, :]).any(-1)  # (B, H, G, L, bs) -> (B, H, G, L)
-            k = k.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-            v = v.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+            k, v = zero_nonfinite(k), zero_nonfinite(v)
         s = torch.einsum("bhgle,bhse->bhgls", q, k)  # (B, H, G, L, bs)
         s = s.masked_fill(~ok[:, None, None], -math.inf)
         m_new = torch.maximum(m, s.amax(-1))
@@ -210,6 +205,11 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             ``ValueError``, when the sequences cannot be read in this device's memory.
     """
     scale = _check(query, key_cache, value_cache, block_table, seq_lens, scale, path)
+    return _paged_attention(query, key_cache, value_cache, block_table, seq_lens, scale, path)
+
+
+def _paged_attention(query, key_cache, value_cache, block_table, seq_lens, scale: float, path: str) -> torch.Tensor:
+    """:func:`paged_attention` on arguments already checked (the paged engine checks its batch once per call)."""
     B, Hq, L, _ = query.shape
     if B == 0 or Hq == 0 or L == 0:
         return query.new_zeros(B, Hq, L, value_cache.shape[3])

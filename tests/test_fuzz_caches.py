@@ -25,7 +25,6 @@ Hypothesis prints the counts with ``--hypothesis-show-statistics``; each test al
 
 from __future__ import annotations
 
-import gc
 import os
 
 import pytest
@@ -404,7 +403,6 @@ class PagedSequenceMachine(RuleBasedStateMachine):
                 return
             while self.pool.allocator.num_free >= self.pool.blocks_needed(0, n):
                 hog.append(self.pool.allocator.allocate())
-        gc.collect()  # a dead snapshot gives its pinned blocks back when collected: not during the compared call
         before = self._state()
         _REFUSE["at"], _REFUSE["seen"] = 0, 0
         if how == "vocab":
@@ -416,9 +414,10 @@ class PagedSequenceMachine(RuleBasedStateMachine):
             with torch.no_grad(), ac.use_backend(backend):
                 MODEL(tokens, self.pool.sequence_view(0))
         _REFUSE["at"] = 0
-        gc.collect()
-        after = self._state()
+        after = self._state()  # no gc.collect(): the call released its snapshot, whatever still refers to it
         assert before[:4] == after[:4], f"a refused call ({how}) changed the pool's tables or counts"
+        assert set(self.pool._live.get(0, ())) <= {s[0] for s in getattr(self, "snaps", [])}, \
+            f"a refused call ({how}) left its snapshot live (pinning blocks until it is collected)"
         assert all(torch.equal(a, b) for a, b in zip(before[4], after[4])), f"a refused call ({how}) changed tokens"
         for block in hog:
             self.pool.allocator.free(block)
@@ -450,9 +449,29 @@ class PagedSequenceMachine(RuleBasedStateMachine):
     @rule()
     def snapshot(self):
         snaps = getattr(self, "snaps", [])
+        for dropped in snaps[:-1]:
+            dropped[0].release()  # explicitly: the pool's counts never wait for the garbage collector
         self.snaps = snaps[-1:] + [(self.pool.sequence_view(0).snapshot(), self.accepted.clone(), self.last,
                                     self._state())]
         self._note("snapshot")
+
+    @rule(data=st.data())
+    def release(self, data):
+        """A snapshot released gives its pinned blocks back at once, and can no longer be restored."""
+        if not getattr(self, "snaps", []):
+            return
+        i = data.draw(st.integers(0, len(self.snaps) - 1))
+        snap = self.snaps.pop(i)[0]
+        pins = list(snap.pins)
+        free = self.pool.allocator.num_free
+        snap.release()
+        assert snap not in set(self.pool._live.get(0, ())) and snap.pins == []
+        assert self.pool.allocator.num_free == free + sum(self.pool.allocator.refcount(b) == 0 for b in set(pins))
+        before = self._state()
+        with pytest.raises(ValueError, match="released"):
+            self.pool.sequence_view(0).restore(snap)
+        assert before[:4] == self._state()[:4], "restoring a released snapshot changed the pool"
+        self._note("release")
 
     @rule(data=st.data())
     def restore(self, data):
@@ -541,7 +560,7 @@ def test_paged_sequence_is_transactional():
     print(f"paged sequence state machine: {STEPS['paged']} checked steps, {PAGED_EVENTS}")
     assert STEPS["paged"] >= RUNS[0]
     kinds = {"vocab", "backend, first layer", "backend, later layer", "out of blocks", "fork", "crop", "refused crop",
-             "snapshot", "restore", "free -1", "free out of range", "double free", "fork a free block",
+             "snapshot", "restore", "release", "free -1", "free out of range", "double free", "fork a free block",
              "free a float", "unknown sequence", "write a wrong dtype", "fork onto an existing child"}
     assert kinds <= set(PAGED_EVENTS), f"never drawn: {kinds - set(PAGED_EVENTS)}"
 

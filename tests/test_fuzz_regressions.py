@@ -828,3 +828,121 @@ def test_issue37_fuzz_oracle_of_a_learned_table_in_float16():
         close(out, want, 1e-3, 1e-3)
     x = torch.randn(2, 3, 2, dtype=torch.float64)  # float64 stays float64, the table's float32 digits exact
     close(layer(x, 0), x.numpy() + layer.weight.detach()[:3].double().numpy(), 0.0)
+
+
+# ---------------------------------------------------------------------------------------------- full-strength fuzz
+# `make fuzz` at full strength drew logits and temperatures at the edge of what the dtype holds.
+
+
+@pytest.mark.parametrize("logits, t, want", [
+    # float64 logits past float32's range: the sampler divided logits.float() (inf) and its overflow fallback
+    # subtracted inf from inf (NaN); multinomial raised RuntimeError "probability tensor contains either inf, nan"
+    (torch.tensor([[1e300, 0.0]], dtype=torch.float64), 1.0, [1.0, 0.0]),
+    (torch.tensor([[-1e300, 1e300, -math.inf]], dtype=torch.float64), 0.5, [0.0, 1.0, 0.0]),
+    (torch.tensor([[1.7e308, -1.7e308]], dtype=torch.float64), 1e-300, [1.0, 0.0]),
+    # a -inf logit beside one that overflows at t: next_token_probs skipped the row-max shift (its logits were
+    # not all finite) and softmax([-inf, inf]) gave NaN
+    (torch.tensor([[-math.inf, 3e38]]), 0.5, [0.0, 1.0]),
+    (torch.tensor([[-math.inf, 3e38, -3e38]]), 1e-30, [0.0, 1.0, 0.0]),
+    # huge logits at a huge temperature stay exact (no shift needed): softmax([3, -3])
+    (torch.tensor([[3e38, -3e38]]), 1e38, [0.997527376843365, 0.002472623156634775]),
+])
+def test_full_fuzz_sampler_and_next_token_probs_share_an_overflow_safe_softmax(logits, t, want):
+    from attention_core.models.language_model import sample_next_token
+    from attention_core.serving.speculative import next_token_probs
+
+    p = next_token_probs(logits, t)
+    assert p.dtype == logits.dtype
+    torch.testing.assert_close(p.double(), torch.tensor([want], dtype=torch.float64), atol=1e-6, rtol=1e-6)
+    g = torch.Generator().manual_seed(0)
+    for kw in ({}, {"top_p": 0.5}, {"top_k": 2}):
+        drawn = sample_next_token(logits, t, generator=g, **kw)
+        assert p[0, drawn[0]] > 0, f"drew token {drawn.item()} of probability 0 ({kw})"
+
+
+@pytest.mark.parametrize("logits, words", [
+    (torch.tensor([[0.0, math.nan]]), r"logits must hold no NaN or \+inf \(rows \[0\]"),
+    (torch.tensor([[0.0, 1.0], [math.inf, 0.0]]), r"logits must hold no NaN or \+inf \(rows \[1\]"),
+    (torch.full((2, 3), -math.inf), r"every logit of rows \[0, 1\] is -inf in logits"),
+])
+def test_full_fuzz_next_token_probs_refuses_what_the_sampler_refuses(logits, words):
+    # was: NaN probabilities handed on to the speculative loop (its multinomial raised RuntimeError)
+    from attention_core.serving.speculative import next_token_probs
+
+    with pytest.raises(ValueError, match=words):
+        next_token_probs(logits, 1.0)
+
+
+def _paged_lm():
+    from attention_core.models.language_model import build_language_model
+    from attention_core.serving.blocks import PagedKVCache
+
+    model = build_language_model({"vocab_size": 13, "d_model": 16, "num_layers": 2, "num_heads": 2,
+                                  "num_kv_heads": 1, "max_positions": 20, "seed": 0}).eval()
+    pool = PagedKVCache(2, 4, 4, 1, 8)
+    pool.add_sequence(0)
+    return model, pool
+
+
+def test_full_fuzz_a_refused_call_pins_no_block_whatever_holds_its_traceback():
+    # was: the paged state machine flaky at full strength. The model's transaction snapshot stayed live while
+    # the refused call's traceback (a reference cycle) lived; a later crop pinned blocks for it, and they went
+    # back to the pool whenever the garbage collector ran -- during a compared call, say. The model now releases
+    # its snapshot when the call ends, so the counts do not depend on the collector.
+    import gc
+
+    from attention_core.serving.blocks import OutOfBlocks
+
+    model, pool = _paged_lm()
+    view = pool.sequence_view(0)
+    held, was = None, gc.isenabled()
+    gc.disable()
+    try:
+        with torch.no_grad():
+            model(torch.arange(1, 8)[None], view)  # 7 tokens: 2 of the 4 blocks
+            try:
+                model(torch.arange(1, 13)[None], view)  # 12 more need 3 blocks, 2 are free: refused mid-call
+            except OutOfBlocks as e:
+                held = e  # its traceback keeps the call's frame, and the frame its snapshot
+        assert held is not None and len(pool._live.get(0, ())) == 0, "the refused call's snapshot is still live"
+        view.crop(0)
+        assert pool.allocator.num_free == 4, "blocks let go of stayed pinned for a dead call's snapshot"
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_full_fuzz_paged_snapshots_are_released_explicitly():
+    model, pool = _paged_lm()
+    view = pool.sequence_view(0)
+    with torch.no_grad():
+        model(torch.arange(1, 8)[None], view)
+        with view.snapshot() as snap:
+            view.crop(1)
+            assert pool.allocator.num_free == 2 and snap.pins  # the cut block is pinned for the snapshot
+            kept = snap
+        assert pool.allocator.num_free == 3 and not kept.pins and kept.released  # given back at the with's end
+        with pytest.raises(ValueError, match="state was released"):
+            view.restore(kept)
+        snap = view.snapshot()
+        view.crop(0)
+        assert pool.allocator.num_free == 3
+        snap.release()
+        snap.release()  # idempotent
+        assert pool.allocator.num_free == 4 and sorted(pool.allocator._free) == [0, 1, 2, 3]
+
+
+def test_full_fuzz_a_released_dense_snapshot_cannot_be_restored():
+    from attention_core.models.language_model import build_language_model
+
+    model = build_language_model({"vocab_size": 13, "d_model": 16, "num_layers": 1, "num_heads": 2,
+                                  "max_positions": 20, "seed": 0}).eval()
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.arange(1, 6)[None], cache)
+    snap = cache.snapshot()
+    snap.release()
+    assert snap not in set(cache._live)
+    with pytest.raises(ValueError, match="state was released"):
+        cache.restore(snap)
+    assert len(cache) == 5

@@ -207,14 +207,19 @@ def test_paged_cache_methods_refuse_unknown_sequences_and_bad_writes() -> None:
                 cache.allocator.num_free) == state, f"a refused call ({words}) changed the cache"
 
 
-def test_crop_of_a_sequence_view_crops_the_pool() -> None:
+def _model_and_one_sequence():
+    """A two-layer decoder (GQA, one kv head) and a 12-block pool with one empty sequence (0) and its view."""
     from attention_core.models.language_model import build_language_model
 
     model = build_language_model({"vocab_size": 13, "d_model": 16, "num_layers": 2, "num_heads": 2,
                                   "num_kv_heads": 1, "max_positions": 20, "seed": 0}).eval()
     pool = PagedKVCache(2, 12, 4, 1, 8)
     pool.add_sequence(0)
-    view = pool.sequence_view(0)
+    return model, pool, pool.sequence_view(0)
+
+
+def test_crop_of_a_sequence_view_crops_the_pool() -> None:
+    model, pool, view = _model_and_one_sequence()
     with torch.no_grad():
         model(torch.tensor([[1, 2, 3, 4, 5, 6]]), view)
         view.crop(3)
@@ -227,13 +232,7 @@ def test_crop_of_a_sequence_view_crops_the_pool() -> None:
 def test_a_sequence_views_restore_after_crop_and_append_is_exact() -> None:
     """snapshot, crop (into a block), append, restore: the same table, length, tokens and free blocks; the
     blocks the crop let go of were pinned by the snapshot, and the cut block was copied before the append."""
-    from attention_core.models.language_model import build_language_model
-
-    model = build_language_model({"vocab_size": 13, "d_model": 16, "num_layers": 2, "num_heads": 2,
-                                  "num_kv_heads": 1, "max_positions": 20, "seed": 0}).eval()
-    pool = PagedKVCache(2, 12, 4, 1, 8)
-    pool.add_sequence(0)
-    view = pool.sequence_view(0)
+    model, pool, view = _model_and_one_sequence()
     with torch.no_grad():
         model(torch.tensor([[1, 2, 3, 4, 5, 6, 7]]), view)
         table, _ = pool.block_table([0])

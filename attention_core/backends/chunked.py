@@ -52,7 +52,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from attention_core._checks import check_int
-from attention_core.backends.inputs import AttentionInputs, BackendResult, no_weights, scale_or_default
+from attention_core.backends.inputs import AttentionInputs, BackendResult, compute_dtype, no_weights, scale_or_default
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "backward_with_lse", "chunked_attention", "forward_with_lse", "merge_partials",
            "run", "supports"]
@@ -71,11 +71,6 @@ _LN2 = 0.6931471805599453  # ln(2) == 1 / _LOG2E
 
 
 # ------------------------------------------------------------------------------------------------ tiles
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Half-precision inputs are computed in float32: the running sums would lose digits tile after tile."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 class _Scratch:
@@ -106,7 +101,7 @@ class _Tiles:
         B, Hq, L, E = query.shape
         H, S = key.shape[1], key.shape[2]
         self.B, self.H, self.G, self.L, self.S = B, H, Hq // H, L, S
-        self.dtype = dt = _compute_dtype(query.dtype)
+        self.dtype = dt = compute_dtype(query.dtype)  # half precision in float32: sums lose digits tile after tile
         self.q = query.to(dt).reshape(B * H, self.G, L, E)  # (B, Hq, L, E) -> (B*H, G, L, E)
         self.k = key.to(dt).reshape(B * H, S, E)  # (B, H, S, E) -> (B*H, S, E)
         self.v = value.to(dt).reshape(B * H, S, value.shape[-1])  # (B, H, S, Ev) -> (B*H, S, Ev)
@@ -164,26 +159,9 @@ class _Tiles:
         torch.mul(self.q[h0:h1, :, r0:r1], self.scale2, out=out.view(h1 - h0, self.G, r1 - r0, -1))
         return out
 
-    def key_views(self, h0: int, h1: int) -> dict:
-        """``{(s0, s1): K^T tile}`` for heads [h0, h1): (hb, E, bs) views, one per key tile any query tile visits.
-
-        Made once per step of heads, so that the query tiles reuse them instead of slicing K again each time."""
-        return {b: self.k_t[h0:h1, :, b[0]:b[1]] for b in self._all_key_tiles()}
-
-    def value_views(self, h0: int, h1: int) -> dict:
-        """``{(s0, s1): V tile}`` for heads [h0, h1): (hb, bs, Ev) views, like :meth:`key_views`."""
-        return {b: self.v[h0:h1, b[0]:b[1]] for b in self._all_key_tiles()}
-
-    def _all_key_tiles(self) -> set:
-        return {b for r0 in range(0, self.L, self.block_q) for b in self.key_tiles(r0, min(r0 + self.block_q, self.L))}
-
-    def scores(self, q_tile, h0: int, h1: int, r0: int, r1: int, s0: int, s1: int, out,
-               k_t: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Masked scores of one tile in the tiles' units (q_tile carries ``scale2``), written into ``out``.
-
-        ``k_t``: the tile's (hb, E, bs) slice of K^T, where the caller holds it (:meth:`key_views`)."""
-        k_t = self.k_t[h0:h1, :, s0:s1] if k_t is None else k_t
-        s = torch.bmm(q_tile, k_t, out=out)  # (hb, G*bl, E) @ (hb, E, bs) -> (hb, G*bl, bs)
+    def scores(self, q_tile, h0: int, h1: int, r0: int, r1: int, s0: int, s1: int, out) -> torch.Tensor:
+        """Masked scores of one tile in the tiles' units (q_tile carries ``scale2``), written into ``out``."""
+        s = torch.bmm(q_tile, self.k_t[h0:h1, :, s0:s1], out=out)  # (hb, G*bl, E) @ (hb, E, bs) -> (hb, G*bl, bs)
         s4 = s.view(h1 - h0, self.G, r1 - r0, s1 - s0)  # (hb, G*bl, bs) -> (hb, G, bl, bs)
         if self.mask is not None:
             m = self.mask_tile(h0, h1, r0, r1, s0, s1)  # broadcastable to (hb, G, bl, bs)
@@ -222,42 +200,28 @@ def _forward_tiles(t: _Tiles, out: torch.Tensor, lse: torch.Tensor) -> None:
     """Fill ``out`` (B*H, G, L, Ev) and ``lse`` (B*H, G, L, 1), one step of heads and one query tile at a time."""
     E, Ev = t.q.shape[-1], t.v.shape[-1]
     n_max = t.heads * t.rows  # rows of the largest tile
-    buf = _Scratch(t.q, q=n_max * E, s=n_max * t.keys, acc=n_max * Ev, m=n_max, m_new=n_max, alpha=n_max, l=n_max,
-                   rowsum=n_max)
+    buf = _Scratch(t.q, q=n_max * E, s=n_max * t.keys, acc=n_max * Ev, m=n_max, m_new=n_max, alpha=n_max, l=n_max)
+    # The running max starts at the lowest finite number, not at -inf: for a row whose keys are all hidden so
+    # far, s - m is then -inf - lowest = -inf and exp2 gives 0, where -inf - (-inf) would give NaN.
     lowest = torch.finfo(t.dtype).min
     for h0, h1 in t.head_steps():
         hb = h1 - h0
-        k_t, v = t.key_views(h0, h1), t.value_views(h0, h1)  # (s0, s1) -> (hb, E, bs), (hb, bs, Ev): made once
         for r0 in range(0, t.L, t.block_q):
             r1 = min(r0 + t.block_q, t.L)
             n = t.G * (r1 - r0)  # query rows of this tile: the G heads that share a kv-head, stacked
             q_tile = t.query_tile(h0, h1, r0, r1, buf.take("q", hb, n, E))  # (hb, n, E), times scale2
-            m, m_new = buf.take("m", hb, n, 1), buf.take("m_new", hb, n, 1)  # running max
-            denom = buf.take("l", hb, n, 1)  # running denominator, "l" in the papers
-            acc = buf.take("acc", hb, n, Ev)  # running numerator
-            alpha, rowsum = buf.take("alpha", hb, n, 1), buf.take("rowsum", hb, n, 1)
-            tiles = list(t.key_tiles(r0, r1))
-            if not tiles:  # no keys at all (S = 0): every row is fully masked
-                m.fill_(lowest), denom.zero_(), acc.zero_()
-            for i, (s0, s1) in enumerate(tiles):
-                s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0),
-                             k_t=k_t[s0, s1])  # (hb, n, bs)
+            m, m_new = buf.take("m", hb, n, 1).fill_(lowest), buf.take("m_new", hb, n, 1)  # running max
+            denom = buf.take("l", hb, n, 1).zero_()  # running denominator, "l" in the papers
+            acc = buf.take("acc", hb, n, Ev).zero_()  # running numerator
+            alpha = buf.take("alpha", hb, n, 1)
+            for s0, s1 in t.key_tiles(r0, r1):
+                s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))  # (hb, n, bs)
                 torch.amax(s, dim=-1, keepdim=True, out=m_new)  # the tile's row max...
-                if i == 0:  # the first key tile: nothing is summed yet, so there is nothing to rescale
-                    # The running max starts no lower than the lowest finite number, never at -inf: for a row
-                    # whose keys are all hidden so far, s - m is then -inf - lowest = -inf and exp2 gives 0, where
-                    # -inf - (-inf) would give NaN.
-                    m_new.clamp_(min=lowest)
-                    p = t.exp_(s.sub_(m_new))  # (hb, n, bs), exp2 in place: the scores are not needed again
-                    torch.sum(p, dim=-1, keepdim=True, out=denom)  # l = rowsum(p)
-                    acc.baddbmm_(p, v[s0, s1], beta=0)  # (hb, n, bs) @ (hb, bs, Ev); beta=0: acc's old values unread
-                else:
-                    m_new = torch.maximum(m, m_new, out=m_new)  # ...and the running one, (hb, n, 1)
-                    p = t.exp_(s.sub_(m_new))  # (hb, n, bs), exp2 in place: the scores are not needed again
-                    alpha = t.exp_(torch.sub(m, m_new, out=alpha))  # rescales what was summed under the old max
-                    torch.sum(p, dim=-1, keepdim=True, out=rowsum)
-                    denom = torch.addcmul(rowsum, denom, alpha, out=denom)  # l * alpha + rowsum(p)
-                    acc.mul_(alpha).baddbmm_(p, v[s0, s1])  # acc * alpha + (hb, n, bs) @ (hb, bs, Ev)
+                m_new = torch.maximum(m, m_new, out=m_new)  # ...and the running one, (hb, n, 1)
+                p = t.exp_(s.sub_(m_new))  # (hb, n, bs), exp2 in place: the scores are not needed again
+                alpha = t.exp_(torch.sub(m, m_new, out=alpha))  # rescales what was summed under the old max
+                denom = torch.addcmul(p.sum(dim=-1, keepdim=True), denom, alpha, out=denom)  # l * alpha + rowsum(p)
+                acc.mul_(alpha).baddbmm_(p, t.v[h0:h1, s0:s1])  # acc * alpha + (hb, n, bs) @ (hb, bs, Ev)
                 m, m_new = m_new, m  # the new max becomes the running one; the old one's buffer is reused
             dead = denom == 0  # fully masked rows: output 0; lse = +inf makes the backward's exp(s - lse) = 0
             denom.masked_fill_(dead, 1.0)
@@ -285,11 +249,6 @@ def _backward_tiles(
         hb = h1 - h0
         k, dk_h, dv_h = t.k[h0:h1], dk[h0:h1], dv[h0:h1]  # (hb, S, E), (hb, S, E), (hb, S, Ev)
         v_t = t.v[h0:h1].transpose(1, 2)  # (hb, S, Ev) -> (hb, Ev, S), a view
-        # Every key tile's views, made once per step of heads and reused by all its query tiles (s0, s1) ->
-        # K^T (hb, E, bs), K (hb, bs, E), V^T (hb, Ev, bs), dK (hb, bs, E), dV (hb, bs, Ev)
-        k_t_at = t.key_views(h0, h1)
-        k_at, v_t_at = {b: k[:, b[0]:b[1]] for b in k_t_at}, {b: v_t[:, :, b[0]:b[1]] for b in k_t_at}
-        dk_at, dv_at = {b: dk_h[:, b[0]:b[1]] for b in k_t_at}, {b: dv_h[:, b[0]:b[1]] for b in k_t_at}
         for r0 in range(0, t.L, t.block_q):
             r1 = min(r0 + t.block_q, t.L)
             n = t.G * (r1 - r0)
@@ -299,14 +258,13 @@ def _backward_tiles(
             delta_tile = t.stack_rows(delta, h0, h1, r0, r1, buf.take("delta", hb, n, 1))  # (hb, n, 1)
             dq_tile = buf.take("dq", hb, n, E).zero_()  # (hb, n, E)
             for s0, s1 in t.key_tiles(r0, r1):
-                b = (s0, s1)
-                s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0), k_t=k_t_at[b])
+                s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))
                 p = t.exp_(s.sub_(lse_tile))  # (hb, n, bs), recomputed from the saved log-sum-exp
-                dv_at[b].baddbmm_(p.transpose(1, 2), do_tile)  # += (hb, bs, n) @ (hb, n, Ev)
-                dp = torch.bmm(do_tile, v_t_at[b], out=buf.take("dp", hb, n, s1 - s0))  # (hb, n, bs)
+                dv_h[:, s0:s1].baddbmm_(p.transpose(1, 2), do_tile)  # += (hb, bs, n) @ (hb, n, Ev)
+                dp = torch.bmm(do_tile, v_t[:, :, s0:s1], out=buf.take("dp", hb, n, s1 - s0))  # (hb, n, bs)
                 ds = dp.sub_(delta_tile).mul_(p)  # (hb, n, bs): dS = P * (dP - delta)
-                dq_tile.baddbmm_(ds, k_at[b])  # += (hb, n, bs) @ (hb, bs, E)
-                dk_at[b].baddbmm_(ds.transpose(1, 2), q_tile)  # += (hb, bs, n) @ (hb, n, E), q * scale2
+                dq_tile.baddbmm_(ds, k[:, s0:s1])  # += (hb, n, bs) @ (hb, bs, E)
+                dk_h[:, s0:s1].baddbmm_(ds.transpose(1, 2), q_tile)  # += (hb, bs, n) @ (hb, n, E), q * scale2
             shape = (hb, t.G, r1 - r0, E)
             torch.mul(dq_tile.view(shape), t.scale, out=dq[h0:h1, :, r0:r1])  # (hb, n, E) -> (hb, G, bl, E)
     if not t.natural:
@@ -370,7 +328,7 @@ def _forward_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, att
 @_forward_op.register_fake
 def _(query, key, value, attn_mask, is_causal, scale, block_q, block_k):
     B, Hq, L, _ = query.shape
-    H, dt = key.shape[1], _compute_dtype(query.dtype)
+    H, dt = key.shape[1], compute_dtype(query.dtype)
     return (query.new_empty((B, Hq, L, value.shape[-1]), dtype=dt),
             query.new_empty((B * H, Hq // max(H, 1), L, 1), dtype=dt))
 

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["AttentionInputs", "BackendResult", "no_weights", "scale_or_default"]
+__all__ = ["AttentionInputs", "BackendResult", "compute_dtype", "no_weights", "scale_or_default"]
 
 #: What every backend's ``run`` returns: the output (B, Hq, L, Ev) and the weights (B, Hq, L, S) when
 #: ``need_weights`` was asked (only backends that hold the weights can), else ``None``.
@@ -43,6 +43,15 @@ class AttentionInputs:
         enable_gqa)``."""
         return (self.query, self.key, self.value, self.attn_mask, self.dropout_p, self.is_causal, self.scale,
                 self.enable_gqa)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype scores are computed and masks are added in: float32 for float16/bfloat16, else ``dtype``.
+
+    Every backend, and the paged and flex paths, use it, as torch's SDPA does on the CPU: a float32 mask entry of
+    7e4 next to float16 inputs stays 7e4 (cast to float16 first it would become inf, and the row NaN), a
+    bfloat16 query keeps a float32 mask's digits, and a tiled kernel's running sums keep theirs."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def no_weights(inputs: AttentionInputs) -> Optional[str]:

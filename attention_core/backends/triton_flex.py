@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from attention_core.mask_mods import check_captured
+
 __all__ = ["GPU_TILES", "INTERPRET", "MASK_KINDS", "SCORE_KINDS", "compile_args", "triton_flex_attention"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -364,10 +366,9 @@ def triton_flex_attention(query, key, value, score_mod=None, block_mask=None, sc
         raise NotImplementedError(f"the triton flex kernel does not compute the gradient of the tensor that "
                                   f"score_mod {getattr(score_mod, '__name__', score_mod)} captures: use "
                                   f"backend='chunked', or detach it")
-    from attention_core.flex_attention import _check_captured
-
     B, H, L, _ = query.shape
-    _check_captured(score_mod, block_mask, B, H, L, key.shape[2], query.device)  # the kernel would read past it
+    for mod in (score_mod, block_mask and block_mask.mask_mod):  # the kernel would read past a short tensor
+        check_captured(mod, B, H, L, key.shape[2], query.device)
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     tensors, scalars, constexprs, grid = compile_args(query, key, value, score_mod, block_mask, scale)
     out, _ = _forward_op(*tensors, scalars["sm_scale"], scalars["CAP"], scalars["P0"], scalars["P1"],

@@ -159,13 +159,37 @@ class CacheSnapshot:
 
     The cache keeps a weak reference to each snapshot while it lives: an append into slots that a live
     snapshot still counts (possible only after :meth:`KVCache.crop`) first copies the buffer, so that restoring
-    the snapshot gives back exactly the tokens it saw.
+    the snapshot gives back exactly the tokens it saw. :meth:`release` (or leaving a ``with`` block) ends that at
+    a known point, whatever still refers to the snapshot; a released snapshot cannot be restored.
     """
 
-    __slots__ = ("owner", "state", "__weakref__")
+    __slots__ = ("owner", "state", "released", "__weakref__")
 
     def __init__(self, owner: object, state: tuple) -> None:
-        self.owner, self.state = owner, state
+        self.owner, self.state, self.released = owner, state, False
+
+    def release(self) -> None:
+        """Done with this snapshot: the cache stops keeping slots for it (idempotent). It cannot be restored."""
+        if self.released:
+            return
+        self.released = True
+        live = getattr(self.owner, "_live", None)
+        if live is not None:
+            live.discard(self)
+        self.state = None
+
+    def __enter__(self) -> CacheSnapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _release_snapshot(state: object) -> None:
+    """Release what a cache's ``snapshot()`` returned, if it can be released (a transaction's end)."""
+    release = getattr(state, "release", None)
+    if callable(release):
+        release()
 
 
 class KVCache:
@@ -360,6 +384,8 @@ class KVCache:
             raise TypeError(f"state must be what this cache's snapshot() returned, got {type(state).__name__}")
         if state.owner is not self:
             raise ValueError("state is a snapshot of another cache: restore it into the cache that took it")
+        if state.released:
+            raise ValueError("state was released (its slots are no longer kept): it cannot be restored")
         ks, vs, lens, seen, pad, pad0, held = state.state
         self._k, self._v, self._len, self.seen, self.pad, self._pad0 = list(ks), list(vs), list(lens), seen, pad, pad0
         if held is not None:

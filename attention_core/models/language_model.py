@@ -54,7 +54,7 @@ from attention_core._checks import (
 )
 from attention_core.flex_attention import BlockMask, flex_attention
 from attention_core.functional import attention
-from attention_core.models.kv_cache import KVCache, cached_causal_mask, decode_mask, rotate_at
+from attention_core.models.kv_cache import KVCache, _release_snapshot, cached_causal_mask, decode_mask, rotate_at
 from attention_core.models.latent_attention import LatentSelfAttention
 from attention_core.multihead import MultiHeadAttention
 from attention_core.positional import RotaryEmbedding
@@ -329,6 +329,8 @@ class DecoderLM(nn.Module):
         except BaseException:
             cache.restore(state)
             raise
+        finally:  # the transaction is over: the snapshot keeps nothing (pinned blocks, kept slots) past this call
+            _release_snapshot(state)
 
     def _check_call(self, tokens: torch.Tensor, cache: Optional[KVCache], window: Optional[int],
                     need_weights: bool, pad: Optional[torch.Tensor] = None,
@@ -557,6 +559,41 @@ def _check_sampling(temperature: object, top_k: object, top_p: object, generator
     return temperature
 
 
+def _check_drawable(logits: torch.Tensor, name: str = "logits") -> None:
+    """Refuse logits that give no distribution: NaN or ``+inf`` anywhere, or a row whose logits are all ``-inf``."""
+    if not logits.numel():
+        return
+    flat = logits.reshape(-1, logits.shape[-1])  # (rows, V)
+    bad = flat.isnan() | (flat == math.inf)
+    if bad.any():
+        rows = bad.any(-1).nonzero().flatten().tolist()
+        raise ValueError(f"{name} must hold no NaN or +inf (rows {rows[:5]} do): they give no distribution")
+    if (flat == -math.inf).all(-1).any():
+        rows = (flat == -math.inf).all(-1).nonzero().flatten().tolist()
+        raise ValueError(f"every logit of rows {rows[:5]} is -inf in {name}: nothing can be drawn")
+
+
+def _tempered_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature`` for a softmax over the last dim, safe at every finite magnitude.
+
+    ``temperature`` is a float > 0 and each row of ``logits`` (checked by the callers) holds no NaN or ``+inf``
+    and at least one finite value. Computed in float64 for float64 logits and in float32 otherwise (never in a
+    narrower type than the input's). ``-inf`` stays ``-inf``. Where ``logits / temperature`` overflows (a tiny
+    temperature, or huge logits), each row is shifted by its largest logit first -- the softmax is unchanged --
+    so the best token gives 0 and the others a large negative value or ``-inf``: the greedy limit, never NaN.
+    The one place the language model's sampler and serving's :func:`~attention_core.serving.next_token_probs`
+    scale by a temperature.
+    """
+    work = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    scaled = work / temperature
+    finite = torch.isfinite(work)
+    if bool((finite & ~torch.isfinite(scaled)).any()):
+        gap = work - work.amax(-1, keepdim=True)  # (..., V), <= 0; -inf where the logit is -inf
+        # the best token stays at 0 even where the temperature rounds to 0 in float32 (0 / 0 would be NaN)
+        scaled = torch.where(gap == 0, torch.zeros_like(gap), gap / temperature)
+    return scaled
+
+
 def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
                       top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """One token per row of ``logits`` (B, V): greedy when ``temperature == 0`` or ``top_k == 1``, else sampled
@@ -576,22 +613,10 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: Opt
     if logits.device.type == "meta":
         raise ValueError("logits is a meta tensor: it has no values to sample from")
     temperature = _check_sampling(temperature, top_k, top_p, generator)
-    if logits.numel():
-        if logits.isnan().any() or (logits == math.inf).any():
-            rows = (logits.isnan() | (logits == math.inf)).any(-1).nonzero().flatten().tolist()
-            raise ValueError(f"logits must hold no NaN or +inf (rows {rows[:5]} do): they give no distribution")
-        if (logits == -math.inf).all(-1).any():
-            rows = (logits == -math.inf).all(-1).nonzero().flatten().tolist()
-            raise ValueError(f"every logit of rows {rows[:5]} is -inf: nothing can be drawn")
+    _check_drawable(logits)
     if temperature == 0 or top_k == 1:
         return logits.argmax(-1)
-    scaled = logits.float() / temperature
-    if (torch.isfinite(logits) & ~torch.isfinite(scaled)).any():
-        # a tiny temperature overflowed (or is 0 in float32): divide the gaps to the row's best instead (the same
-        # softmax): the best stays at 0, the others go to -inf, and the draw tends to greedy as it should
-        gap = logits.float() - logits.float().amax(-1, keepdim=True)  # (B, V), <= 0
-        scaled = torch.where(gap == 0, 0.0, gap / temperature)
-    logits = scaled
+    logits = _tempered_logits(logits, temperature)
     if top_k is not None:
         logits = filter_top_k(logits, top_k)
     if top_p is not None:

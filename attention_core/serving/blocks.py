@@ -10,7 +10,9 @@ Every method validates its arguments before it changes anything (a ``TypeError``
 argument), so a refused call leaves the allocator and the cache as they were. :class:`PagedSequenceCache` (one
 sequence seen as a :class:`~attention_core.models.kv_cache.KVCache`) can be cropped, snapshotted and restored
 exactly: a block that the sequence lets go of while a live snapshot still lists it is kept (pinned) for that
-snapshot until the snapshot is restored or dropped.
+snapshot until the snapshot is restored or released. Release is explicit -- ``snap.release()``, or a ``with``
+block around the snapshot -- so the pool's reference counts never depend on when the garbage collector runs;
+a snapshot dropped unreleased gives its pins back when it is collected (a fallback only).
 """
 
 from __future__ import annotations
@@ -88,14 +90,32 @@ class BlockAllocator:
 
 class _PagedSnapshot:
     """A :class:`PagedSequenceCache` snapshot: the sequence's length, table and ``seen``, and the references
-    (``pins``) it holds on blocks the sequence let go of since (given back when the snapshot is dropped)."""
+    (``pins``) it holds on blocks the sequence let go of since (given back by :meth:`release`)."""
 
-    __slots__ = ("owner", "seq", "length", "table", "seen", "pins", "__weakref__")
+    __slots__ = ("owner", "seq", "length", "table", "seen", "pins", "released", "_unpin", "__weakref__")
 
     def __init__(self, owner: PagedKVCache, seq: int, length: int, table: List[int], seen: int) -> None:
         self.owner, self.seq, self.length, self.table, self.seen = owner, seq, length, table, seen
         self.pins: List[int] = []
-        weakref.finalize(self, _unpin, owner.allocator, self.pins)
+        self.released = False
+        # a fallback for a snapshot dropped unreleased: its pins go back when it is collected
+        self._unpin = weakref.finalize(self, _unpin, owner.allocator, self.pins)
+
+    def release(self) -> None:
+        """Give back the blocks this snapshot pins, and pin no more (idempotent). It cannot be restored after."""
+        if self.released:
+            return
+        self.released = True
+        live = self.owner._live.get(self.seq)
+        if live is not None:
+            live.discard(self)
+        self._unpin()  # runs _unpin once, now; the collector will not run it again
+
+    def __enter__(self) -> _PagedSnapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def _unpin(allocator: BlockAllocator, pins: List[int]) -> None:
@@ -249,6 +269,11 @@ class PagedKVCache:
                 raise TypeError(f"{name} has dtype {t.dtype} but the pool holds {pool.dtype} (never cast silently)")
             if t.device != pool.device:
                 raise ValueError(f"{name} is on {t.device} but the pool is on {pool.device}")
+        self._write(layer, seq, positions, key, value)
+
+    def _write(self, layer: int, seq: int, positions: range, key: torch.Tensor, value: torch.Tensor) -> None:
+        """:meth:`write` without its checks, for callers that reserved ``positions`` and shaped the tensors."""
+        pool_k, pool_v = self.keys[layer], self.values[layer]
         table = torch.tensor(self.tables[seq], dtype=torch.long)
         pos = torch.arange(positions.start, positions.stop, dtype=torch.long)
         blocks, slots = table[pos // self.block_size], pos % self.block_size  # (T,), (T,)
@@ -262,6 +287,10 @@ class PagedKVCache:
             raise TypeError(f"seqs must be a list of sequence ids, got {type(seqs).__name__}")
         for s in seqs:
             self._seq(s, "seqs")
+        return self._block_table(seqs)
+
+    def _block_table(self, seqs: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`block_table` of sequences known to the pool, without the checks."""
         device = self.keys[0].device
         width = max((len(self.tables[s]) for s in seqs), default=0)
         table = torch.zeros(len(seqs), max(width, 1), dtype=torch.long)
@@ -317,8 +346,11 @@ class PagedSequenceCache(KVCache):
             self._positions = self.paged.reserve(self.seq, key.shape[2])
         if self._positions is None:
             raise RuntimeError("update(layer > 0) before update(layer=0) of the same call")
-        self.paged.write(layer, self.seq, self._positions, key[0], value[0])
-        table, _ = self.paged.block_table([self.seq])
+        if layer == 0:  # the model's tensors, checked once per call: the later layers write them unchecked
+            self.paged.write(layer, self.seq, self._positions, key[0], value[0])
+        else:
+            self.paged._write(layer, self.seq, self._positions, key[0], value[0])
+        table, _ = self.paged._block_table([self.seq])
         S = self.paged.lengths[self.seq]
         k = gather_paged_kv(self.paged.keys[layer], table[0], S)[None]  # (1, H, S, E)
         v = gather_paged_kv(self.paged.values[layer], table[0], S)[None]
@@ -338,8 +370,9 @@ class PagedSequenceCache(KVCache):
         self.crop(0)
 
     def snapshot(self):  # type: ignore[override]
-        """The sequence's length, block table and ``seen``: what :meth:`restore` gives back. While the snapshot
-        lives, blocks the sequence lets go of (a crop, a copy-on-write) stay pinned for it."""
+        """The sequence's length, block table and ``seen``: what :meth:`restore` gives back. Until the snapshot is
+        released (``snap.release()``, or ``with view.snapshot() as snap:``), blocks the sequence lets go of (a
+        crop, a copy-on-write) stay pinned for it."""
         self.paged._seq(self.seq)
         snap = _PagedSnapshot(self.paged, self.seq, self.paged.lengths[self.seq], list(self.paged.tables[self.seq]),
                               self.seen)
@@ -353,6 +386,8 @@ class PagedSequenceCache(KVCache):
             raise TypeError(f"state must be what this cache's snapshot() returned, got {type(state).__name__}")
         if state.owner is not self.paged or state.seq != self.seq:
             raise ValueError(f"state is a snapshot of another sequence (seq {state.seq}) or pool")
+        if state.released:
+            raise ValueError("state was released (its pinned blocks went back to the pool): it cannot be restored")
         self.paged._seq(self.seq)
         current, alloc = self.paged.tables[self.seq], self.paged.allocator
         for block in state.table:

@@ -14,6 +14,7 @@ spinning). :func:`serve` gives the model back in the training mode it came in.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Dict, List, Sequence, Tuple
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 from attention_core._checks import check_int, check_tensor, fmt_shape, short_repr
 from attention_core.models.language_model import DecoderLM
-from attention_core.paged_attention import PAGED_PATHS, paged_attention
+from attention_core.paged_attention import PAGED_PATHS, _paged_attention
 from attention_core.serving.blocks import OutOfBlocks, PagedKVCache
 from attention_core.serving.scheduler import Request, check_requests, check_steps
 from attention_core.training.modes import eval_mode
@@ -114,13 +115,17 @@ def paged_forward(model: DecoderLM, cache: PagedKVCache, seqs: Sequence[int], to
         for v, snap in zip(views, snaps):
             v.restore(snap)
         raise
+    finally:  # the transaction is over: no block stays pinned for these snapshots
+        for snap in snaps:
+            snap.release()
 
 
 def _paged_forward(model: DecoderLM, cache: PagedKVCache, seqs: List[int], tokens: torch.Tensor,
                    path: str) -> torch.Tensor:
     B, L = tokens.shape
     positions = [cache.reserve(s, L) for s in seqs]
-    table, lens = cache.block_table(seqs)
+    table, lens = cache._block_table(seqs)  # one table per call, read by every layer
+    scale = 1.0 / math.sqrt(model.blocks[0].attn.head_dim)
     x = model.embed(tokens)  # (B, L) -> (B, L, D)
     for layer, block in enumerate(model.blocks):
         attn = block.attn
@@ -131,9 +136,9 @@ def _paged_forward(model: DecoderLM, cache: PagedKVCache, seqs: List[int], token
         v = attn.v_proj(h).view(B, L, H, E).transpose(1, 2)
         q = torch.cat([model.rotary.rotate(q[b : b + 1], offset=positions[b].start) for b in range(B)])
         k = torch.cat([model.rotary.rotate(k[b : b + 1], offset=positions[b].start) for b in range(B)])
-        for b, s in enumerate(seqs):
-            cache.write(layer, s, positions[b], k[b], v[b])
-        o = paged_attention(q, cache.keys[layer], cache.values[layer], table, lens, path=path)  # (B, Hq, L, E)
+        for b, s in enumerate(seqs):  # the model's own tensors at reserved positions: written unchecked
+            cache._write(layer, s, positions[b], k[b], v[b])
+        o = _paged_attention(q, cache.keys[layer], cache.values[layer], table, lens, scale, path)  # (B, Hq, L, E)
         x = x + attn.out_proj(o.transpose(1, 2).reshape(B, L, Hq * E))  # (B, Hq, L, E) -> (B, L, D)
         x = x + block.linear2(F.gelu(block.linear1(block.norm2(x))))
     return model.lm_head(model.norm(x))
@@ -217,6 +222,9 @@ def serve(model: DecoderLM, requests: Sequence[Request], prompts: Dict[int, torc
 
 
 def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size):
+    """The engine loop on checked arguments. It calls the unchecked ``_paged_forward``: the ids come from argmax,
+    the lengths were checked against the model's positions, admission keeps every request's blocks in the pool,
+    and the cache is this call's own (a failure discards it, so no snapshot is needed)."""
     cache = new_paged_cache(model, num_blocks, block_size)
     waiting = sorted(by_id.values(), key=lambda r: (r.arrival, r.rid))
     out: Dict[int, List[int]] = {}
@@ -243,12 +251,12 @@ def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size):
         decode = list(running)
         if decode:
             last = torch.tensor([[out[i][-1]] for i in decode], device=model.embed.weight.device)  # (B, 1)
-            logits = paged_forward(model, cache, decode, last)[:, -1]
+            logits = _paged_forward(model, cache, decode, last, "chunked")[:, -1]
             for i, t in zip(decode, logits.argmax(-1).tolist()):
                 out[i].append(t)
         for r in admit:
             cache.add_sequence(r.rid)
-            logits = paged_forward(model, cache, [r.rid], prompts[r.rid][None])[:, -1]
+            logits = _paged_forward(model, cache, [r.rid], prompts[r.rid][None], "chunked")[:, -1]
             out[r.rid] = [int(logits.argmax(-1))]
             running.append(r.rid)
         step += 1

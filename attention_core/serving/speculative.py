@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from attention_core._checks import check_int, check_real, check_tensor, fmt_shape, short_repr
-from attention_core.models.language_model import DecoderLM, KVCache
+from attention_core.models.language_model import DecoderLM, KVCache, _check_drawable, _tempered_logits
 from attention_core.training.modes import eval_mode
 
 __all__ = ["SpeculativeStats", "expected_tokens_per_step", "next_token_probs", "residual_distribution",
@@ -121,20 +121,21 @@ def speculative_step(target_probs: torch.Tensor, draft_probs: torch.Tensor, draf
 
 
 def next_token_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Softmax of ``logits / temperature``; ``temperature = 0``: one-hot at the argmax (greedy)."""
+    """Softmax of ``logits / temperature`` over the last dim, in ``logits``' dtype; ``temperature = 0``: one-hot at
+    the argmax (greedy). The scaling is the one :func:`~attention_core.models.language_model.sample_next_token`
+    uses: a tiny temperature or huge logits give the greedy limit, never NaN; ``-inf`` logits get
+    probability 0. Logits holding NaN or ``+inf``, or a row of only ``-inf``, are refused (no distribution)."""
     check_tensor(logits, "logits")
     if not logits.is_floating_point() or logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must be a floating (..., V) tensor with V >= 1, got {logits.dtype} "
                          f"{fmt_shape(logits.shape)}")
     temperature = check_real(temperature, "temperature", low=0.0)
+    if logits.device.type == "meta":
+        raise ValueError("logits is a meta tensor: it has no values to turn into probabilities")
+    _check_drawable(logits)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-    scaled = logits / temperature
-    if not bool(torch.isfinite(scaled).all()) and bool(torch.isfinite(logits).all()):
-        # a tiny temperature overflows logits / t: shift by the row's max first (softmax is shift-invariant),
-        # so the largest logit gives 0 and the others -inf at worst: the greedy limit, not NaN
-        scaled = (logits - logits.amax(-1, keepdim=True)) / temperature
-    return torch.softmax(scaled, dim=-1)
+    return torch.softmax(_tempered_logits(logits, temperature), dim=-1).to(logits.dtype)
 
 
 def _truncate(cache: KVCache, n: int) -> None:
