@@ -124,6 +124,57 @@ def test_refusals_without_a_process_group() -> None:
         ring_attention(torch.randn(1, 3, 4, 8), x, x)
 
 
+@pytest.mark.parametrize("fn", [ring_attention, ulysses_attention])
+def test_bad_arguments_are_refused_before_any_message(fn) -> None:
+    """Refused on each rank before the first collective (here there is no process group at all: a check that
+    came later would raise the group's RuntimeError instead)."""
+    who = fn.__name__
+    x = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=rf"{who}: k must be on the device of q \(cpu\)"):
+        fn(x, x.to("meta"), x)
+    with pytest.raises(TypeError, match=rf"{who}: v must have the dtype of q"):
+        fn(x, x, x.double())
+    with pytest.raises(TypeError, match=rf"{who}: q must have a floating-point dtype"):
+        fn(x.long(), x.long(), x.long())
+    with pytest.raises(TypeError, match=rf"{who}: k must be a torch.Tensor, got list"):
+        fn(x, [1.0], x)
+    with pytest.raises(TypeError, match=rf"{who}: is_causal must be a bool, got int 1"):
+        fn(x, x, x, is_causal=1)
+    with pytest.raises(TypeError, match=rf"{who}: scale must be a finite float or None, got str"):
+        fn(x, x, x, scale="0.3")
+    with pytest.raises(ValueError, match=rf"{who}: scale must be a finite float or None, got nan"):
+        fn(x, x, x, scale=float("nan"))
+    if fn is ring_attention:
+        with pytest.raises(ValueError, match=r"ring_attention: block_q must be an int >= 1 .*got 0"):
+            fn(x, x, x, block_q=0)
+        with pytest.raises(TypeError, match=r"ring_attention: block_k must be an int >= 1 .*got float 8.0"):
+            fn(x, x, x, block_k=8.0)
+
+
+def test_nccl_children_select_their_own_gpu(monkeypatch) -> None:
+    """With backend="nccl" each child sets cuda:rank as its device before it joins the group (no GPU here: the
+    calls are recorded, and the group's start is where the child stops)."""
+    seen = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.append(("set_device", d)))
+
+    def init(backend, **kw):
+        seen.append(("init", backend, kw["rank"]))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(launch.dist, "init_process_group", init)
+
+    class Box(list):
+        put = list.append
+
+    for backend, rank in (("nccl", 2), ("gloo", 1)):
+        seen.clear()
+        box = Box()
+        launch._child(print, rank, 3, 0, backend, box, ())
+        assert box[0][:2] == (rank, False) and "stop here" in box[0][2]
+        want = [("set_device", rank), ("init", "nccl", rank)] if backend == "nccl" else [("init", "gloo", rank)]
+        assert seen == want, seen
+
+
 def test_peak_tensor_memory_counts_new_tensors_until_they_die() -> None:
     a = torch.zeros(1000)
     with PeakTensorMemory() as m:
@@ -171,7 +222,8 @@ def _cases(P: int) -> list:
         cases.append(dict(kind="ring", layout="zigzag", is_causal=True, L=64, Hq=4, H=2, E=16, dtype="bfloat16",
                           block=8))
     if P > 1:
-        cases += [dict(error="mismatch_dim"), dict(error="mismatch_length"), dict(error="unshard_mismatch")]
+        cases += [dict(error="mismatch_dim"), dict(error="mismatch_length"), dict(error="unshard_mismatch"),
+                  dict(error="too_many_dims")]
     if P == 3:
         cases.append(dict(error="ulysses_heads"))
     cases += [dict(kind="shard", layout=lay, L=L) for lay in LAYOUTS for L in (2 * P + 3, 4 * P)]
@@ -270,6 +322,8 @@ def test_clear_errors_across_ranks(world) -> None:
                 assert "not the 'contiguous' split" in msg
             if what == "ulysses_heads":
                 assert "divisible by the world size 3" in msg and "(4)" in msg
+            if what == "too_many_dims":  # one all-gather brought every rank's shapes: all refuse alike
+                assert f"got 17 dims on rank {P - 1}" in msg
 
 
 def test_a_child_error_comes_back_with_its_traceback() -> None:

@@ -157,6 +157,9 @@ def _error_case(rank: int, world_size: int, what: str, group=None):
             ulysses_attention(q, k, v, layout="contiguous", group=group)
         elif what == "unshard_mismatch":
             unshard(torch.zeros(2, 3 + rank, 3 if rank == 0 else 4), 1, "contiguous", group)
+        elif what == "too_many_dims":  # the last rank's shape has 17 dims: every rank must refuse, none hang
+            x = torch.zeros((1,) * 17) if rank == world_size - 1 else torch.zeros(1, 1, 1)
+            unshard(x, 1, "contiguous", group)
         else:
             raise KeyError(what)
     except (TypeError, ValueError, RuntimeError) as err:
