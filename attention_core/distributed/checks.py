@@ -7,7 +7,7 @@ from typing import Dict, List
 
 import torch
 
-from attention_core.distributed.layout import shard, unshard
+from attention_core.distributed.layout import gather_shapes, shard, unshard
 from attention_core.distributed.ring import CommStats, ring_attention
 from attention_core.distributed.ulysses import ulysses_attention
 from attention_core.functional import scaled_dot_product_attention
@@ -201,5 +201,8 @@ def memory_in_subgroups(rank: int, world_size: int, plan: Dict[int, Dict[str, Di
     for P in sorted(plan):
         group = dist.new_group(list(range(P)))  # every rank takes part in making every group
         if rank < P:
+            # A group's first collective sets it up (and may keep its tensors until the cycle collector runs):
+            # one all-gather of shapes first, so that what is measured is the attention call's own tensors.
+            gather_shapes([torch.zeros(1)], group)
             out[P] = {name: peak_memory(rank, P, case, group) for name, case in plan[P].items()}
     return out

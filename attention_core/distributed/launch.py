@@ -8,8 +8,8 @@ in the caller with the child's traceback, and the other children are stopped.
 
 The same functions run under ``torchrun`` (``python -m attention_core.distributed.demo``). With
 ``backend="nccl"`` each child first calls ``torch.cuda.set_device(rank)`` (one GPU per process); ``fn`` must
-still put its tensors on ``cuda`` itself. That path is written but has not been run by this library's tests,
-which run on CPUs only.
+still put its tensors on ``cuda`` itself. The tests check, with the CUDA calls recorded instead of made, that
+each child selects its GPU before it joins the group; the path has not been run on GPUs.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def run(fn: Callable, world_size: int, *args: Any, backend: str = "gloo", timeou
         world_size: how many processes, at least 1.
         args: passed to every call (picklable).
         backend: ``"gloo"`` (CPUs) or ``"nccl"`` (one GPU per process, selected by ``set_device(rank)``;
-            untested here: no GPU).
+            not run on GPUs by the tests).
         timeout: seconds to wait for all results.
 
     Raises:

@@ -148,12 +148,12 @@ def gather_shapes(tensors: List[torch.Tensor], group: Optional[dist.ProcessGroup
     than :data:`MAX_DIMS` dims.
     """
     width = 1 + MAX_DIMS
-    mine = torch.full((len(tensors), width), -1, dtype=torch.long)
-    for i, t in enumerate(tensors):
-        mine[i, 0] = t.dim()
-        if t.dim() <= MAX_DIMS:
-            mine[i, 1:1 + t.dim()] = torch.tensor(t.shape, dtype=torch.long)
-    mine = mine.to(tensors[0].device)  # NCCL gathers GPU tensors, gloo CPU ones: the shapes travel with the data
+    flat = []
+    for t in tensors:
+        sizes = list(t.shape) if t.dim() <= MAX_DIMS else []
+        flat += [t.dim(), *sizes] + [-1] * (MAX_DIMS - len(sizes))
+    dev = tensors[0].device  # NCCL gathers GPU tensors, gloo CPU ones: the shapes travel with the data
+    mine = torch.tensor(flat, dtype=torch.long, device=dev).view(len(tensors), width)
     _, P = group_info(group)
     everyone = [torch.empty_like(mine) for _ in range(P)]
     dist.all_gather(everyone, mine, group=group)
