@@ -1121,6 +1121,16 @@ def test_a_mistake_matched_on_one_input_only_is_not_named(key):
     assert f"Hint: {mistake.hint}" in code_checks.check_function(made, spec).message
 
 
+def test_a_mistake_whose_own_output_has_another_shape_is_named():
+    """Chapter 16's chunks cut evenly (not as tensor_split cuts them) give a mask of another shape on a length
+    that 2P does not divide: the report says the shape differs and names that mistake."""
+    spec = ce.spec("ch16.zigzag_block_mask")
+    mistake = next(m for m in spec.mistakes if "tensor_split" in m.hint)
+    report = code_checks.check_function(_outside(mistake.fn), spec)
+    assert report.status == "failed", report.message
+    assert " has shape " in report.message and f"Hint: {mistake.hint}" in report.message, report.message
+
+
 def test_values_wrong_only_at_fully_masked_rows_are_said_so():
     def half_in_dead_rows(scores, mask):
         w = _worked_copy("ch02.masked_softmax")(scores, mask)

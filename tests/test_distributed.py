@@ -7,6 +7,7 @@ processes.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import subprocess
 from pathlib import Path
@@ -115,10 +116,63 @@ def test_refusals_without_a_process_group() -> None:
             ulysses_attention(x, x, x, layout=bad)
         with pytest.raises(ValueError, match="layout must be one of"):
             shard(x, 2, bad)
+    with pytest.raises(ValueError, match="unknown backend 'nope'"):  # refused before any message is sent
+        ulysses_attention(x, x, x, backend="nope")
     with pytest.raises(ValueError, match="4-D"):
         ring_attention(x[0], x[0], x[0])
     with pytest.raises(ValueError, match="multiple of"):
         ring_attention(torch.randn(1, 3, 4, 8), x, x)
+
+
+@pytest.mark.parametrize("fn", [ring_attention, ulysses_attention])
+def test_bad_arguments_are_refused_before_any_message(fn) -> None:
+    """Refused on each rank before the first collective (here there is no process group at all: a check that
+    came later would raise the group's RuntimeError instead)."""
+    who = fn.__name__
+    x = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=rf"{who}: k must be on the device of q \(cpu\)"):
+        fn(x, x.to("meta"), x)
+    with pytest.raises(TypeError, match=rf"{who}: v must have the dtype of q"):
+        fn(x, x, x.double())
+    with pytest.raises(TypeError, match=rf"{who}: q must have a floating-point dtype"):
+        fn(x.long(), x.long(), x.long())
+    with pytest.raises(TypeError, match=rf"{who}: k must be a torch.Tensor, got list"):
+        fn(x, [1.0], x)
+    with pytest.raises(TypeError, match=rf"{who}: is_causal must be a bool, got int 1"):
+        fn(x, x, x, is_causal=1)
+    with pytest.raises(TypeError, match=rf"{who}: scale must be a finite float or None, got str"):
+        fn(x, x, x, scale="0.3")
+    with pytest.raises(ValueError, match=rf"{who}: scale must be a finite float or None, got nan"):
+        fn(x, x, x, scale=float("nan"))
+    if fn is ring_attention:
+        with pytest.raises(ValueError, match=r"ring_attention: block_q must be an int >= 1 .*got 0"):
+            fn(x, x, x, block_q=0)
+        with pytest.raises(TypeError, match=r"ring_attention: block_k must be an int >= 1 .*got float 8.0"):
+            fn(x, x, x, block_k=8.0)
+
+
+def test_nccl_children_select_their_own_gpu(monkeypatch) -> None:
+    """With backend="nccl" each child sets cuda:rank as its device before it joins the group (no GPU here: the
+    calls are recorded, and the group's start is where the child stops)."""
+    seen = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.append(("set_device", d)))
+
+    def init(backend, **kw):
+        seen.append(("init", backend, kw["rank"]))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(launch.dist, "init_process_group", init)
+
+    class Box(list):
+        put = list.append
+
+    for backend, rank in (("nccl", 2), ("gloo", 1)):
+        seen.clear()
+        box = Box()
+        launch._child(print, rank, 3, 0, backend, box, ())
+        assert box[0][:2] == (rank, False) and "stop here" in box[0][2]
+        want = [("set_device", rank), ("init", "nccl", rank)] if backend == "nccl" else [("init", "gloo", rank)]
+        assert seen == want, seen
 
 
 def test_peak_tensor_memory_counts_new_tensors_until_they_die() -> None:
@@ -131,8 +185,11 @@ def test_peak_tensor_memory_counts_new_tensors_until_they_die() -> None:
         d = torch.ones(500)  # 2000 bytes, while the storage of b is still held by c
         del c
         e = torch.ones(2000)  # 8000 bytes, after b's storage died
+        assert not gc.isenabled()  # the cycle collector waits: when it would run differs from run to run
     assert m.peak == max(8000 + 2000, 2000 + 8000) and m.current == 2000 + 8000
+    assert m.at_peak == [8000, 2000]  # the storages alive at the (first) peak, largest first
     del d, e
+    assert gc.isenabled()  # the cycle collector, paused inside the block, runs again after it
 
 
 # ---------------------------------------------------------------------------------------------- spawns
@@ -158,12 +215,15 @@ def _cases(P: int) -> list:
         dict(kind="ring", layout="striped", is_causal=False, L=ragged, Hq=2, H=2, magnitude=25.0, block=4),
         dict(kind="ring", layout="zigzag", is_causal=True, L=even, Hq=4, H=2, scale=0.3, block=4),
         dict(kind="ulysses", layout="zigzag", is_causal=True, L=even, Hq=P, H=P, Ev=4, scale=0.3),
+        dict(kind="ulysses", layout="striped", is_causal=True, L=ragged, Hq=2 * P, H=P, backend="chunked",
+             count_kernel=True),
     ]
     if P == 2:
         cases.append(dict(kind="ring", layout="zigzag", is_causal=True, L=64, Hq=4, H=2, E=16, dtype="bfloat16",
                           block=8))
     if P > 1:
-        cases += [dict(error="mismatch_dim"), dict(error="mismatch_length"), dict(error="unshard_mismatch")]
+        cases += [dict(error="mismatch_dim"), dict(error="mismatch_length"), dict(error="unshard_mismatch"),
+                  dict(error="too_many_dims")]
     if P == 3:
         cases.append(dict(error="ulysses_heads"))
     cases += [dict(kind="shard", layout=lay, L=L) for lay in LAYOUTS for L in (2 * P + 3, 4 * P)]
@@ -228,7 +288,9 @@ def test_bytes_sent_equal_the_formulas(world) -> None:
 def test_tiles_counted_are_the_kernels_tiles(world) -> None:
     P, cases, results = world
     for i, case in enumerate(cases):
-        if case.get("count_kernel"):
+        if case.get("count_kernel") and case["kind"] == "ulysses":  # backend="chunked": its local call is that kernel
+            assert all(r[i]["kernel_tiles"] > 0 for r in results), case
+        elif case.get("count_kernel"):
             tiles = ring_tiles(case["L"], P, case["layout"], case["is_causal"], case["block"], case["block"])
             assert [r[i]["tiles"] for r in results] == tiles
             assert [r[i]["kernel_tiles"] for r in results] == tiles, case
@@ -260,6 +322,8 @@ def test_clear_errors_across_ranks(world) -> None:
                 assert "not the 'contiguous' split" in msg
             if what == "ulysses_heads":
                 assert "divisible by the world size 3" in msg and "(4)" in msg
+            if what == "too_many_dims":  # one all-gather brought every rank's shapes: all refuse alike
+                assert f"got 17 dims on rank {P - 1}" in msg
 
 
 def test_a_child_error_comes_back_with_its_traceback() -> None:

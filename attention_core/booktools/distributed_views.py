@@ -35,10 +35,11 @@ def torch_context_parallel(rank: int, world_size: int, case: Dict, is_causal: bo
 
 
 def chapter_run(rank: int, world_size: int, cfg: Dict) -> Dict:
-    """Everything chapter 16 runs on its processes: equality cases, a timed run, peak memory."""
+    """Everything chapter 16 runs on its processes: equality cases, a timed run, peak memory per rank at each
+    world size of ``cfg["memory"]`` (subgroups of ranks 0..P-1)."""
     out = {"compare": checks.compare_with_sdpa(rank, world_size, cfg["cases"])}
     out["timeline"] = checks.run_with_stats(rank, world_size, cfg["timeline"])
-    out["memory"] = {name: checks.peak_memory(rank, world_size, case) for name, case in cfg["memory"].items()}
+    out["memory"] = checks.memory_in_subgroups(rank, world_size, cfg["memory"])
     return out
 
 

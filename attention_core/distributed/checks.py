@@ -7,12 +7,12 @@ from typing import Dict, List
 
 import torch
 
-from attention_core.distributed.layout import shard, unshard
+from attention_core.distributed.layout import gather_shapes, shard, unshard
 from attention_core.distributed.ring import CommStats, ring_attention
 from attention_core.distributed.ulysses import ulysses_attention
 from attention_core.functional import scaled_dot_product_attention
 
-__all__ = ["compare_with_sdpa", "make_inputs"]
+__all__ = ["compare_with_sdpa", "make_inputs", "memory_in_subgroups", "peak_memory"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -68,6 +68,8 @@ def compare_with_sdpa(rank: int, world_size: int, cases: List[Dict], group=None)
         fn = ring_attention if case.get("kind", "ring") == "ring" else ulysses_attention
         extra = {"block_q": case["block"], "block_k": case["block"]} if "block" in case and fn is ring_attention \
             else {}
+        if "backend" in case and fn is ulysses_attention:
+            extra["backend"] = case["backend"]
         ql, kl, vl = (shard(t, 2, layout, group).requires_grad_() for t in (q, k, v))
         stats = CommStats()
         visits = _count_kernel_tiles() if case.get("count_kernel") else None
@@ -155,6 +157,9 @@ def _error_case(rank: int, world_size: int, what: str, group=None):
             ulysses_attention(q, k, v, layout="contiguous", group=group)
         elif what == "unshard_mismatch":
             unshard(torch.zeros(2, 3 + rank, 3 if rank == 0 else 4), 1, "contiguous", group)
+        elif what == "too_many_dims":  # the last rank's shape has 17 dims: every rank must refuse, none hang
+            x = torch.zeros((1,) * 17) if rank == world_size - 1 else torch.zeros(1, 1, 1)
+            unshard(x, 1, "contiguous", group)
         else:
             raise KeyError(what)
     except (TypeError, ValueError, RuntimeError) as err:
@@ -162,20 +167,42 @@ def _error_case(rank: int, world_size: int, what: str, group=None):
     return None
 
 
-def peak_memory(rank: int, world_size: int, case: Dict) -> Dict:
-    """Peak bytes of the tensors one rank allocates in a forward and backward pass (its inputs apart), and the
-    bytes of its inputs."""
+def peak_memory(rank: int, world_size: int, case: Dict, group=None) -> Dict:
+    """Peak bytes of the tensors one rank allocates in a forward and backward pass (its inputs apart), the sizes
+    of the storages alive at that peak (largest first), and the bytes of its inputs.
+
+    ``case["block"]`` sets the ring's tiles (default: the chunked kernel's own), ``case["backend"]`` the kernel
+    of Ulysses' local attention (default: the automatic choice)."""
     from attention_core.distributed.measure import PeakTensorMemory
 
     q, k, v, do = make_inputs(case)
     layout = case.get("layout", "zigzag")
-    block = case.get("block", 256)
-    tensors = [shard(t, 2, layout).requires_grad_() for t in (q, k, v)] + [shard(do, 2, layout)]
-    fn = ring_attention if case.get("kind", "ring") == "ring" else ulysses_attention
-    extra = {"block_q": block, "block_k": block} if fn is ring_attention else {}
+    tensors = [shard(t, 2, layout, group).requires_grad_() for t in (q, k, v)] + [shard(do, 2, layout, group)]
+    if case.get("kind", "ring") == "ring":
+        fn = ring_attention
+        extra = {"block_q": case["block"], "block_k": case["block"]} if "block" in case else {}
+    else:
+        fn, extra = ulysses_attention, {"backend": case.get("backend")}
     del q, k, v, do
     with PeakTensorMemory() as mem:
-        out = fn(*tensors[:3], is_causal=case.get("is_causal", False), layout=layout, **extra)
+        out = fn(*tensors[:3], is_causal=case.get("is_causal", False), layout=layout, group=group, **extra)
         out.backward(tensors[3])
         del out
-    return {"peak": mem.peak, "inputs": sum(t.numel() * t.element_size() for t in tensors)}
+    return {"peak": mem.peak, "at_peak": mem.at_peak,
+            "inputs": sum(t.numel() * t.element_size() for t in tensors)}
+
+
+def memory_in_subgroups(rank: int, world_size: int, plan: Dict[int, Dict[str, Dict]]) -> Dict[int, Dict[str, Dict]]:
+    """``plan = {P: {name: case}}``: :func:`peak_memory` of each case in the subgroup of ranks 0..P-1, for every
+    P in one spawn; returns this rank's results per P (ranks outside a subgroup skip it)."""
+    import torch.distributed as dist
+
+    out = {}
+    for P in sorted(plan):
+        group = dist.new_group(list(range(P)))  # every rank takes part in making every group
+        if rank < P:
+            # A group's first collective sets it up (and may keep its tensors until the cycle collector runs):
+            # one all-gather of shapes first, so that what is measured is the attention call's own tensors.
+            gather_shapes([torch.zeros(1)], group)
+            out[P] = {name: peak_memory(rank, P, case, group) for name, case in plan[P].items()}
+    return out

@@ -6,8 +6,10 @@
 be importable by the children (defined in a module, not in the notebook). An exception in any child is raised
 in the caller with the child's traceback, and the other children are stopped.
 
-The same functions run under ``torchrun`` (``python -m attention_core.distributed.demo``), and on GPUs with
-``backend="nccl"`` (tensors then live on ``cuda:rank``).
+The same functions run under ``torchrun`` (``python -m attention_core.distributed.demo``). With
+``backend="nccl"`` each child first calls ``torch.cuda.set_device(rank)`` (one GPU per process); ``fn`` must
+still put its tensors on ``cuda`` itself. The tests check, with the CUDA calls recorded instead of made, that
+each child selects its GPU before it joins the group; the path has not been run on GPUs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def free_port() -> int:
 def _child(fn: Callable, rank: int, world_size: int, port: int, backend: str, results: Any, args: tuple) -> None:
     try:
         torch.set_num_threads(1)  # one core each: N processes share the machine's cores
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # one GPU per process: "cuda" means cuda:rank in this child
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                  world_size=world_size, timeout=timedelta(seconds=120))
         try:
@@ -55,7 +59,8 @@ def run(fn: Callable, world_size: int, *args: Any, backend: str = "gloo", timeou
         fn: a module-level function ``fn(rank, world_size, *args)``; its result must be picklable (tensors are).
         world_size: how many processes, at least 1.
         args: passed to every call (picklable).
-        backend: ``"gloo"`` (CPUs) or ``"nccl"`` (one GPU per process).
+        backend: ``"gloo"`` (CPUs) or ``"nccl"`` (one GPU per process, selected by ``set_device(rank)``;
+            not run on GPUs by the tests).
         timeout: seconds to wait for all results.
 
     Raises:

@@ -136,25 +136,30 @@ def unshard(x_local: torch.Tensor, dim: int, layout: str = "zigzag", group: Opti
     return out
 
 
+#: The most dims a shape may have to travel through :func:`gather_shapes` (one fixed-size message per rank).
+MAX_DIMS = 16
+
+
 def gather_shapes(tensors: List[torch.Tensor], group: Optional[dist.ProcessGroup] = None) -> List[list]:
-    """Every rank's shapes of ``tensors`` (same count and ranks of dims on each), via one small all-gather."""
-    flat = [d for t in tensors for d in (t.dim(), *t.shape)]
-    dev = tensors[0].device  # NCCL gathers GPU tensors, gloo CPU ones: the shapes travel where the data lives
-    mine = torch.tensor(flat, dtype=torch.long, device=dev)
+    """Every rank's shapes of ``tensors`` (the same number of tensors on each rank), in one all-gather of a
+    fixed-size message: per tensor, its number of dims, then its sizes, padded with -1.
+
+    Raises ``ValueError`` on every rank alike (each sees every rank's message) when any rank's tensor has more
+    than :data:`MAX_DIMS` dims.
+    """
+    width = 1 + MAX_DIMS
+    flat = []
+    for t in tensors:
+        sizes = list(t.shape) if t.dim() <= MAX_DIMS else []
+        flat += [t.dim(), *sizes] + [-1] * (MAX_DIMS - len(sizes))
+    dev = tensors[0].device  # NCCL gathers GPU tensors, gloo CPU ones: the shapes travel with the data
+    mine = torch.tensor(flat, dtype=torch.long, device=dev).view(len(tensors), width)
     _, P = group_info(group)
-    sizes = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(P)]
-    dist.all_gather(sizes, torch.tensor([mine.numel()], device=dev), group=group)
-    longest = int(max(s.item() for s in sizes))
-    buf = torch.full((longest,), -1, dtype=torch.long, device=dev)
-    buf[: mine.numel()] = mine
-    everyone = [torch.empty_like(buf) for _ in range(P)]
-    dist.all_gather(everyone, buf, group=group)
-    result = []
-    for e in everyone:
-        vals, shapes, i = e.tolist(), [], 0
-        while i < len(vals) and vals[i] >= 0:
-            n = vals[i]
-            shapes.append(vals[i + 1: i + 1 + n])
-            i += 1 + n
-        result.append(shapes)
-    return result
+    everyone = [torch.empty_like(mine) for _ in range(P)]
+    dist.all_gather(everyone, mine, group=group)
+    rows = [e.tolist() for e in everyone]  # (P, len(tensors), width)
+    too_many = [(r, row[0]) for r, e in enumerate(rows) for row in e if row[0] > MAX_DIMS]
+    if too_many:
+        raise ValueError(f"gather_shapes: shapes of at most {MAX_DIMS} dims travel between ranks; got "
+                         f"{too_many[0][1]} dims on rank {too_many[0][0]}")
+    return [[row[1:1 + row[0]] for row in e] for e in rows]

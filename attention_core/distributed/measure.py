@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import gc
 import weakref
 from typing import Dict, List, Sequence
 
@@ -30,13 +31,32 @@ __all__ = ["PeakTensorMemory", "balance", "bytes_table", "tile_table"]
 class PeakTensorMemory(TorchDispatchMode):
     """``with PeakTensorMemory() as m: ...`` then ``m.peak``: the most bytes that tensors created inside the
     block held at one time (tensors that existed before are not counted; views and in-place results are not
-    new memory)."""
+    new memory), and ``m.at_peak``: the sizes in bytes of the storages alive at that moment, largest first.
+    Python's cycle collector is paused inside the block (after one collection), so that the moment a tensor dies
+    does not depend on when it would have run."""
 
     def __init__(self) -> None:
         super().__init__()
         self.live: Dict[int, List[int]] = {}  # storage address -> [bytes, tensors alive on it]
         self.current = 0
         self.peak = 0
+        self.at_peak: List[int] = []
+        self._gc_was_enabled = False
+
+    def __enter__(self):
+        # Python's cycle collector runs when its allocation counters say so, which differs from run to run; a
+        # tensor in a reference cycle would die at a different moment each time. Collect first, then not inside.
+        gc.collect()
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            if self._gc_was_enabled:
+                gc.enable()
 
     def _drop(self, ptr: int) -> None:
         entry = self.live.get(ptr)
@@ -65,7 +85,9 @@ class PeakTensorMemory(TorchDispatchMode):
             else:
                 self.live[ptr] = [nbytes, 1]
                 self.current += nbytes
-                self.peak = max(self.peak, self.current)
+                if self.current > self.peak:
+                    self.peak = self.current
+                    self.at_peak = sorted((size for size, _ in self.live.values()), reverse=True)
             weakref.finalize(t, self._drop, ptr)
         return out
 

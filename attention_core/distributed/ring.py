@@ -29,6 +29,16 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from attention_core._checks import (
+    check_bool_flag,
+    check_floating,
+    check_int,
+    check_rank,
+    check_same_device,
+    check_same_dtype,
+    check_scale,
+    check_tensor,
+)
 from attention_core.backends.chunked import BLOCK_K, BLOCK_Q, backward_with_lse, forward_with_lse, merge_partials
 from attention_core.distributed.layout import Segment, check_layout, gather_shapes, group_info, local_lengths, segments
 
@@ -303,20 +313,28 @@ class _RingAttention(torch.autograd.Function):
 # ------------------------------------------------------------------------------------------------ public
 
 
+def check_options(is_causal: object, scale: object, who: str) -> Tuple[bool, Optional[float]]:
+    """``is_causal`` a bool and ``scale`` a finite float or None, as ``scaled_dot_product_attention`` takes them;
+    checked on each rank before any message is sent."""
+    return (check_bool_flag(is_causal, f"{who}: is_causal"),
+            check_scale(scale, f"{who}: scale", positive=False))
+
+
 def check_shards(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, group, who: str,
                  ) -> Tuple[int, int, int, int]:
     """Validate one rank's shards and, with one small all-gather of shapes, every rank's against the others.
 
     Returns (rank, world size, total query length, total key length)."""
     check_layout(layout)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{who}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{who}: {name} must be 4-D (B, H, L_local, E); got shape {tuple(t.shape)}")
-        if not t.is_floating_point() or t.dtype != q.dtype or t.device != q.device:
-            raise TypeError(f"{who}: q, k, v must share one floating dtype and device; got {q.dtype}/{q.device}, "
-                            f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
+    try:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_tensor(t, name)
+            check_rank(t, name, (4,), "4-D (B, H, L_local, E)")
+            check_floating(t, name)
+        check_same_dtype(q=q, k=k, v=v)
+        check_same_device(q=q, k=k, v=v)  # ValueError: the right kind of tensor, in the wrong place
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{who}: {err}") from None
     B, Hq, _, E = q.shape
     if k.shape[0] != B or v.shape[0] != B or k.shape[-1] != E or k.shape[1] != v.shape[1] \
             or k.shape[2] != v.shape[2] or k.shape[1] == 0 or Hq % k.shape[1]:
@@ -361,7 +379,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_caus
     Returns:
         (B, Hq, L_local, Ev), in the query's dtype.
     """
+    is_causal, scale = check_options(is_causal, scale, "ring_attention")
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        check_int(b, f"ring_attention: {name}", low=1, note="(the chunked kernel's tile size)")
     rank, P, Lq, Lk = check_shards(q, k, v, layout, group, "ring_attention")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     ring = _Ring(rank, P, layout, Lq, Lk, group, block_q, block_k)
-    return _RingAttention.apply(q, k, v, ring, bool(is_causal), scale, stats)
+    return _RingAttention.apply(q, k, v, ring, is_causal, scale, stats)

@@ -1,7 +1,8 @@
 """DeepSpeed-Ulysses (Jacobs et al. 2023): trade the sequence split for a head split, attend, trade back.
 
 Each rank starts with its shard of the sequence for all H heads. One all-to-all gives every rank H/P heads
-for the *whole* sequence; it runs ordinary attention on them (the library's ``scaled_dot_product_attention``);
+for the *whole* sequence; it runs ordinary attention on them (the library's ``scaled_dot_product_attention``,
+with the kernel ``backend=`` names);
 a second all-to-all on the output gives every rank its shard of the sequence back, all heads. Two all-to-alls
 per attention layer in the forward pass (q, k and v move in the first), and their mirror images in the
 backward. P cannot exceed the number of key/value heads: every rank needs whole heads.
@@ -14,8 +15,9 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from attention_core.backends import get_backend
 from attention_core.distributed.layout import local_lengths, positions
-from attention_core.distributed.ring import CommStats, check_shards
+from attention_core.distributed.ring import CommStats, check_options, check_shards
 from attention_core.functional import scaled_dot_product_attention
 
 __all__ = ["ulysses_attention", "ulysses_bytes"]
@@ -53,26 +55,20 @@ def _heads_to_seq(x: torch.Tensor, lengths: Sequence[int], group, stats) -> torc
     return recv.view(P, B, h, n, E).transpose(0, 1).reshape(B, P * h, n, E)  # (P, B, h, n, E) -> (B, H, n, E)
 
 
-class _SeqToHeads(torch.autograd.Function):
+class _AllToAll(torch.autograd.Function):
+    """One of the pair, differentiable: ``to_heads`` turns sequence shards into head shards
+    (:func:`_seq_to_heads`), otherwise back (:func:`_heads_to_seq`); the gradient takes the other one."""
+
     @staticmethod
-    def forward(ctx, x, lengths, group, stats):
+    def forward(ctx, x, lengths, group, stats, to_heads):
         ctx.config = (lengths, group, stats)
-        return _seq_to_heads(x, lengths, group, stats)
+        ctx.to_heads = to_heads
+        return (_seq_to_heads if to_heads else _heads_to_seq)(x, lengths, group, stats)
 
     @staticmethod
     def backward(ctx, grad):
-        return _heads_to_seq(grad.contiguous(), *ctx.config), None, None, None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, lengths, group, stats):
-        ctx.config = (lengths, group, stats)
-        return _heads_to_seq(x, lengths, group, stats)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _seq_to_heads(grad.contiguous(), *ctx.config), None, None, None
+        inverse = _heads_to_seq if ctx.to_heads else _seq_to_heads
+        return inverse(grad.contiguous(), *ctx.config), None, None, None, None
 
 
 def ulysses_bytes(lengths: Sequence[int], batch: int, heads: int, kv_heads: int, head_dim: int, value_dim: int,
@@ -99,8 +95,8 @@ def ulysses_bytes(lengths: Sequence[int], batch: int, heads: int, kv_heads: int,
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                       scale: Optional[float] = None, layout: str = "contiguous",
-                      group: Optional[dist.ProcessGroup] = None, stats: Optional[CommStats] = None
-                      ) -> torch.Tensor:
+                      group: Optional[dist.ProcessGroup] = None, stats: Optional[CommStats] = None,
+                      backend: Optional[str] = None) -> torch.Tensor:
     """This rank's shard of ``scaled_dot_product_attention`` on the whole sequence, by two all-to-alls.
 
     Args:
@@ -110,27 +106,35 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_c
         layout: the layout the shards were made with.
         group: the process group (``None``: the default one).
         stats: a :class:`~attention_core.distributed.ring.CommStats` to fill with bytes sent and events.
+        backend: the kernel of the local attention call, as ``scaled_dot_product_attention``'s ``backend``
+            (``None``: its automatic choice; ``"chunked"``: the kernel ring attention uses).
 
     Returns:
         (B, Hq, L_local, Ev).
     """
+    if backend is not None:  # refused before any message is sent (a wrong name raises on every rank alike)
+        if not isinstance(backend, str):
+            raise TypeError(f"ulysses_attention: backend must be a str or None, got {type(backend).__name__}")
+        get_backend(backend)
+    is_causal, scale = check_options(is_causal, scale, "ulysses_attention")
     rank, P, Lq, Lk = check_shards(q, k, v, layout, group, "ulysses_attention")
     Hq, H = q.shape[1], k.shape[1]
     if Hq % P or H % P:
         raise ValueError(f"ulysses_attention splits heads among the {P} ranks: the query heads ({Hq}) and the "
                          f"key/value heads ({H}) must both be divisible by the world size {P}")
     lq, lk = local_lengths(Lq, P, layout), local_lengths(Lk, P, layout)
-    qh = _SeqToHeads.apply(q, lq, group, stats)  # (B, Hq/P, Lq, E), rows in rank order
-    kh = _SeqToHeads.apply(k, lk, group, stats)  # (B, H/P, Lk, E)
-    vh = _SeqToHeads.apply(v, lk, group, stats)  # (B, H/P, Lk, Ev)
+    qh = _AllToAll.apply(q, lq, group, stats, True)  # (B, Hq/P, Lq, E), rows in rank order
+    kh = _AllToAll.apply(k, lk, group, stats, True)  # (B, H/P, Lk, E)
+    vh = _AllToAll.apply(v, lk, group, stats, True)  # (B, H/P, Lk, Ev)
     if layout != "contiguous":  # rows in rank order -> global order, so that the causal mask is the plain one
         pq = torch.cat([positions(Lq, P, r, layout) for r in range(P)]).to(q.device)
         pk = torch.cat([positions(Lk, P, r, layout) for r in range(P)]).to(q.device)
         qh, kh, vh = qh[:, :, pq.argsort()], kh[:, :, pk.argsort()], vh[:, :, pk.argsort()]
     start = stats.now() if stats is not None else 0.0
-    oh = scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=scale, enable_gqa=Hq != H)
+    oh = scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=scale, enable_gqa=Hq != H,
+                                      backend=backend)
     if stats is not None:
         stats.events.append(("compute", start, stats.now()))
     if layout != "contiguous":
         oh = oh[:, :, pq]  # global order -> rank order
-    return _HeadsToSeq.apply(oh.contiguous(), lq, group, stats)
+    return _AllToAll.apply(oh.contiguous(), lq, group, stats, False)
