@@ -41,6 +41,10 @@ def test_static_idle_starts_with_whatever_is_waiting() -> None:
                                                   for g in _groups(res, trace)]
     with pytest.raises(ValueError, match="start"):
         static_batching(trace, 2, start="eager")
+    prompts = {r.rid: torch.tensor([1 + r.rid]) for r in trace}  # the engine starts its groups the same way
+    for start, steps in (("idle", 8), ("full", 9)):
+        out, engine_steps, _ = serve(_tiny_model(), trace, prompts, max_batch=2, policy="static", start=start)
+        assert engine_steps == steps and {i: len(t) for i, t in out.items()} == {0: 3, 1: 2, 2: 1}
 
 
 def _groups(res, trace):

@@ -217,7 +217,7 @@ def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size, sta
     waiting = sorted(by_id.values(), key=lambda r: (r.arrival, r.rid))
     out: Dict[int, List[int]] = {}
     running: List[int] = []
-    step, start = 0, time.perf_counter()
+    step, began = 0, time.perf_counter()
     bound = step_bound(list(by_id.values()))  # every step admits, decodes or waits for an arrival
     while waiting or running:
         if step > bound:
@@ -257,4 +257,4 @@ def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size, sta
             cache.free_sequence(i)
     for i in out:
         out[i] = out[i][: by_id[i].output_len]
-    return out, step, time.perf_counter() - start
+    return out, step, time.perf_counter() - began
