@@ -15,6 +15,7 @@ from attention_core.serving.scheduler import (
     kv_memory_usage,
     random_trace,
     static_batching,
+    static_groups,
 )
 
 TRACE = [Request(0, 0, 3, 5), Request(1, 0, 2, 1), Request(2, 1, 4, 2), Request(3, 2, 1, 4)]
@@ -24,6 +25,33 @@ def test_static_by_hand() -> None:
     res = static_batching(TRACE, 2)
     # group (0, 1): steps 0-4 (the longest writes 5); group (2, 3): starts at 5, writes 4 -> ends at 9
     assert res.finish == {0: 5, 1: 5, 2: 9, 3: 9} and res.steps == 9
+
+
+def test_static_idle_starts_with_whatever_is_waiting() -> None:
+    """Issue 38: an idle static batcher starts with the requests waiting, as the paper's baselines do (it does
+    not wait for max_batch of them); start="full" keeps the old, waiting behaviour."""
+    trace = [Request(0, 0, 1, 3), Request(1, 5, 1, 2), Request(2, 6, 1, 1)]
+    idle = static_batching(trace, 2)  # (0) at 0-2; idle at 3, (1) arrives at 5: alone at 5-6; (2) at 7
+    assert idle.start == {0: 0, 1: 5, 2: 7} and idle.finish == {0: 3, 1: 7, 2: 8}
+    assert static_batching(trace, 2, start="idle").finish == idle.finish
+    full = static_batching(trace, 2, start="full")  # (0, 1) waits for 1 (arrives at 5); (2) after it
+    assert full.start == {0: 5, 1: 5, 2: 8} and full.finish == {0: 8, 1: 8, 2: 9}
+    for start in ("idle", "full"):
+        assert static_groups(trace, 2, start) == [(res.start[g[0].rid], g) for res in [static_batching(trace, 2, start)]
+                                                  for g in _groups(res, trace)]
+    with pytest.raises(ValueError, match="start"):
+        static_batching(trace, 2, start="eager")
+    prompts = {r.rid: torch.tensor([1 + r.rid]) for r in trace}  # the engine starts its groups the same way
+    for start, steps in (("idle", 8), ("full", 9)):
+        out, engine_steps, _ = serve(_tiny_model(), trace, prompts, max_batch=2, policy="static", start=start)
+        assert engine_steps == steps and {i: len(t) for i, t in out.items()} == {0: 3, 1: 2, 2: 1}
+
+
+def _groups(res, trace):
+    by_start: dict = {}
+    for r in sorted(trace, key=lambda r: (r.arrival, r.rid)):
+        by_start.setdefault(res.start[r.rid], []).append(r)
+    return [by_start[s] for s in sorted(by_start)]
 
 
 def test_continuous_by_hand() -> None:
@@ -51,13 +79,18 @@ def test_memory_accounting() -> None:
     reqs = [Request(0, 0, 5, 4)]  # holds 6, 7, 8, 9 tokens over its 4 steps: 30 token-steps
     use = kv_memory_usage(reqs, continuous_batching(reqs, 1), max_len=64, block_size=4)
     assert use["max"] == pytest.approx(30 / (4 * 64))
-    assert use["pow2"] == pytest.approx(30 / (4 * 16))
+    assert use["pow2"] == pytest.approx(30 / (4 * (5 + 4)))  # Orca (Pow2): the prompt + the output rounded up
     assert use["oracle"] == pytest.approx(30 / (4 * 9))
     assert use["paged"] == pytest.approx(30 / (8 + 8 + 8 + 12))
+    reqs = [Request(0, 0, 5, 5)]  # 6 .. 10 tokens: 40 token-steps; output 5 -> 8 reserved for it, not 16 in all
+    assert kv_memory_usage(reqs, continuous_batching(reqs, 1), max_len=64)["pow2"] == pytest.approx(40 / (5 * 13))
+    reqs = [Request(0, 0, 58, 5)]  # 58 + 8 = 66 > max_len: a reservation never passes the model's limit
+    use = kv_memory_usage(reqs, continuous_batching(reqs, 1), max_len=64)
+    assert use["pow2"] == pytest.approx(use["max"]) == pytest.approx((5 * 58 + 15) / (5 * 64))
 
 
-@pytest.mark.parametrize("policy,simulate", [("static", static_batching), ("continuous", continuous_batching)])
-def test_real_engine_matches_greedy_and_the_simulator(policy, simulate) -> None:
+@pytest.mark.parametrize("policy,start", [("static", "idle"), ("static", "full"), ("continuous", "idle")])
+def test_real_engine_matches_greedy_and_the_simulator(policy, start) -> None:
     model = build_language_model({"vocab_size": 17, "d_model": 32, "num_layers": 2, "num_heads": 4,
                                   "num_kv_heads": 2, "dim_feedforward": 64, "context": 64, "seed": 3}).eval()
     with torch.no_grad():  # sharper logits, so that greedy texts differ from request to request
@@ -65,8 +98,9 @@ def test_real_engine_matches_greedy_and_the_simulator(policy, simulate) -> None:
     reqs = random_trace(7, seed=2, arrival_rate=0.5, prompt_mean=6, output_mean=6, max_len=40)
     g = torch.Generator().manual_seed(0)
     prompts = {r.rid: torch.randint(0, 17, (r.prompt_len,), generator=g) for r in reqs}
-    out, steps, _ = serve(model, reqs, prompts, max_batch=3, policy=policy, num_blocks=64, block_size=4)
-    assert steps == simulate(reqs, 3).steps
+    out, steps, _ = serve(model, reqs, prompts, max_batch=3, policy=policy, num_blocks=64, block_size=4, start=start)
+    sim = static_batching(reqs, 3, start=start) if policy == "static" else continuous_batching(reqs, 3)
+    assert steps == sim.steps
     for r in reqs:
         ref = generate(model, prompts[r.rid][None], r.output_len, temperature=0.0)[0, r.prompt_len :]
         assert out[r.rid] == ref.tolist(), f"request {r.rid}"
@@ -110,12 +144,12 @@ BAD_SERVE = [
     (ValueError, "arrival", dict(requests=[Request(0, -1, 2, 1)])),
     (ValueError, "rid", dict(requests=[Request(0, 0, 2, 1), Request(0, 1, 2, 1)])),
     (TypeError, "requests", dict(requests=[(0, 0, 2, 1)])),
-    (ValueError, "policy", dict(policy="fifo")),
+    (ValueError, "policy", dict(policy="fifo")), (ValueError, "start", dict(policy="static", start="full-ish")),
     (ValueError, "num_blocks", dict(num_blocks=0)), (TypeError, "block_size", dict(block_size=None)),
     (ValueError, "num_blocks", dict(num_blocks=1, block_size=1)),
     (ValueError, "prompts", dict(prompts={})),
     (ValueError, "prompts", dict(prompts={0: torch.tensor([1, 2, 17])})),
-    (ValueError, "prompts", dict(prompts={0: torch.tensor([1.0, 2.0, 3.0])})),
+    (TypeError, "prompts", dict(prompts={0: torch.tensor([1.0, 2.0, 3.0])})),  # a dtype: TypeError
     (ValueError, "max_positions", dict(requests=[Request(0, 0, 3, 40)])),
     (TypeError, "model", dict(model=None)),
 ]

@@ -232,3 +232,39 @@ def test_speculative_step_refuses_bad_inputs() -> None:
         expected_tokens_per_step(float("nan"), 2)
     with pytest.raises(TypeError, match="gamma"):
         expected_tokens_per_step(0.5, 1.5)
+
+
+# ------------------------------------------------------------------------ issue 38: alpha over every generated token
+
+
+def test_acceptance_rates_are_beta_at_every_generated_tokens_prefix() -> None:
+    """Leviathan et al. (§4.2) measure alpha as the mean of sum min(p, q) over every generated token's prefix:
+    entry i is beta at the prefix tokens[:P + i], computed here one prefix at a time."""
+    from attention_core.serving.speculative import acceptance_rates, next_token_probs
+
+    target, draft = _tiny_models()
+    tokens = torch.tensor([[1, 5, 2, 7, 7, 0, 12, 3, 9]])
+    P = 3
+    for temperature in (1.0, 0.7):
+        betas = acceptance_rates(target, draft, tokens, P, temperature)
+        assert betas.shape == (tokens.shape[1] - P,) and betas.dtype == torch.float64
+        with torch.no_grad():
+            want = [float(torch.minimum(next_token_probs(target(tokens[:, :t]).logits[0, -1].double(), temperature),
+                                        next_token_probs(draft(tokens[:, :t]).logits[0, -1].double(), temperature)
+                                        ).sum()) for t in range(P, tokens.shape[1])]
+        assert torch.allclose(betas, torch.tensor(want, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(acceptance_rates(target, target, tokens, P), torch.ones(6, dtype=torch.float64))
+
+
+def test_acceptance_rates_refuse_bad_arguments() -> None:
+    from attention_core.serving.speculative import acceptance_rates
+
+    target, draft = _pair()
+    for args, error, words in [((target, draft, torch.tensor([[1, 2]]), 2), ValueError, "prompt_len"),
+                               ((target, draft, torch.tensor([[1, 2]]), 0), ValueError, "prompt_len"),
+                               ((target, draft, torch.tensor([1, 2]), 1), ValueError, "tokens"),
+                               ((target, draft, torch.tensor([[1, 11]]), 1), ValueError, "tokens"),
+                               ((target, None, torch.tensor([[1, 2]]), 1), TypeError, "draft"),
+                               ((target, draft, torch.zeros(1, 45, dtype=torch.long), 1), ValueError, "max_positions")]:
+        with pytest.raises(error, match=words):
+            acceptance_rates(*args)

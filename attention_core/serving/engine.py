@@ -26,7 +26,7 @@ from attention_core.models._inputs import check_token_ids
 from attention_core.models.language_model import DecoderLM
 from attention_core.paged_attention import PAGED_PATHS, _paged_attention
 from attention_core.serving.blocks import OutOfBlocks, PagedKVCache
-from attention_core.serving.scheduler import Request, check_schedule, step_bound
+from attention_core.serving.scheduler import Request, check_schedule, check_start, static_groups, step_bound
 from attention_core.training.modes import eval_mode
 
 __all__ = ["new_paged_cache", "paged_forward", "serve"]
@@ -137,11 +137,12 @@ def _paged_forward(model: DecoderLM, cache: PagedKVCache, seqs: List[int], token
     return model.lm_head(model.norm(x))
 
 
-def _check_serve(model, requests, prompts, max_batch, policy, num_blocks, block_size) -> Dict[int, Request]:
+def _check_serve(model, requests, prompts, max_batch, policy, num_blocks, block_size, start) -> Dict[int, Request]:
     _check_model(model)
     by_id = check_schedule(requests, max_batch)
     if not isinstance(policy, str) or policy not in ("static", "continuous"):
         raise ValueError(f"policy must be 'static' or 'continuous', got {short_repr(policy)}")
+    check_start(start)
     check_int(num_blocks, "num_blocks", low=1)
     check_int(block_size, "block_size", low=1)
     if not isinstance(prompts, dict):
@@ -162,9 +163,7 @@ def _check_serve(model, requests, prompts, max_batch, policy, num_blocks, block_
             raise ValueError(f"request {rid} needs {_blocks_for(r, block_size)} blocks of block_size = {block_size} "
                              f"alone, but num_blocks = {num_blocks}")
     if policy == "static":  # a group decodes every member until its longest one is done
-        order = sorted(by_id.values(), key=lambda r: (r.arrival, r.rid))
-        for g in range(0, len(order), max_batch):
-            group = order[g : g + max_batch]
+        for _, group in static_groups(list(by_id.values()), max_batch, start):
             length = max(r.output_len for r in group)
             need = sum(_blocks_for(r, block_size, length) for r in group)
             if need > num_blocks:
@@ -185,13 +184,16 @@ def _blocks_for(r: Request, block_size: int, steps: int = 0) -> int:
 
 @torch.no_grad()
 def serve(model: DecoderLM, requests: Sequence[Request], prompts: Dict[int, torch.Tensor], max_batch: int,
-          policy: str = "continuous", num_blocks: int = 512, block_size: int = 16
+          policy: str = "continuous", num_blocks: int = 512, block_size: int = 16, start: str = "idle"
           ) -> Tuple[Dict[int, List[int]], int, float]:
     """Greedy-decode every request on ``model`` with ``policy`` ``"static"`` or ``"continuous"`` batching.
 
     Arrivals are in steps (one engine iteration = one step). Each step prefills the admitted requests (one
     call each) and decodes all running ones in one batched call. Static batching keeps a finished request's
-    row in the batch until its group is done (decoding padding, as a fixed batch does). Continuous batching
+    row in the batch until its group is done (decoding padding, as a fixed batch does); its group starts when
+    the engine is idle with every waiting request up to ``max_batch`` (``start="idle"``), or once ``max_batch``
+    requests have arrived (``start="full"``), as :func:`~attention_core.serving.scheduler.static_batching`
+    schedules them (``start`` is ignored by continuous batching). Continuous batching
     admits a request only when the pool can hold it, with every running request, to its last token.
 
     Every argument is checked first: ``max_batch``, ``num_blocks``, ``block_size`` ints >= 1; each request's
@@ -202,12 +204,12 @@ def serve(model: DecoderLM, requests: Sequence[Request], prompts: Dict[int, torc
     Returns:
         ``(outputs, steps, seconds)``: the written tokens per request id, the engine steps, the wall time.
     """
-    by_id = _check_serve(model, requests, prompts, max_batch, policy, num_blocks, block_size)
+    by_id = _check_serve(model, requests, prompts, max_batch, policy, num_blocks, block_size, start)
     with eval_mode(model):
-        return _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size)
+        return _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size, start)
 
 
-def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size):
+def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size, start="idle"):
     """The engine loop on checked arguments. It calls the unchecked ``_paged_forward``: the ids come from argmax,
     the lengths were checked against the model's positions, admission keeps every request's blocks in the pool,
     and the cache is this call's own (a failure discards it, so no snapshot is needed)."""
@@ -215,7 +217,7 @@ def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size):
     waiting = sorted(by_id.values(), key=lambda r: (r.arrival, r.rid))
     out: Dict[int, List[int]] = {}
     running: List[int] = []
-    step, start = 0, time.perf_counter()
+    step, began = 0, time.perf_counter()
     bound = step_bound(list(by_id.values()))  # every step admits, decodes or waits for an arrival
     while waiting or running:
         if step > bound:
@@ -231,8 +233,10 @@ def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size):
                 admit.append(waiting.pop(0))
         elif not running:
             group = waiting[:max_batch]
+            if start == "idle":  # every request waiting now, up to max_batch (waiting is in arrival order)
+                group = [r for r in group if r.arrival <= step]
             if group and max(r.arrival for r in group) <= step:
-                admit, waiting = group, waiting[max_batch:]
+                admit, waiting = group, waiting[len(group):]
         decode = list(running)
         if decode:
             last = torch.tensor([[out[i][-1]] for i in decode], device=model.embed.weight.device)  # (B, 1)
@@ -253,4 +257,4 @@ def _serve(model, by_id, prompts, max_batch, policy, num_blocks, block_size):
             cache.free_sequence(i)
     for i in out:
         out[i] = out[i][: by_id[i].output_len]
-    return out, step, time.perf_counter() - start
+    return out, step, time.perf_counter() - began

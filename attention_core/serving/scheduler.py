@@ -4,15 +4,21 @@ The step model: in one model step the engine runs the prompt of every request it
 which also yields the request's first output token) together with one decode token for every request already
 running. A request with ``output_len`` tokens to write is therefore busy for ``output_len`` steps.
 
-- :func:`static_batching`: requests are taken in arrival order in groups of ``max_batch``; a group starts when
-  its last member has arrived and the previous group is done, and it runs until its longest member finishes
-  (finished rows idle; every member leaves when the group does).
+- :func:`static_batching`: requests are taken in arrival order in groups of at most ``max_batch``, and a group
+  runs until its longest member finishes (finished rows idle; every member leaves when the group does). With
+  ``start="idle"`` (the default) a group starts as soon as the engine is idle and a request is waiting, with
+  every waiting request up to ``max_batch`` (the request-level baselines of Kwon et al., 2023, §6.1, take "up
+  to B earliest arrived requests"); with ``start="full"`` it waits until ``max_batch`` requests (or the last
+  ones of the trace) have arrived.
 - :func:`continuous_batching` (Orca's iteration-level scheduling, Yu et al., 2022): at every step, finished
   requests leave and waiting ones join, up to ``max_batch`` running.
 
 Counts of steps do not depend on the machine, which is why the chapter compares the two this way first.
 :func:`kv_memory_usage` replays a schedule and measures, at every step, the share of reserved KV slots that
-hold a token under four reservation policies (the comparison of Kwon et al., 2023, Fig. 2).
+hold a token under four reservation policies (the policies of Kwon et al., 2023, §6.1 and Fig. 2, without their
+allocator: no external fragmentation is counted).
+
+Every step counts as one model call whatever it holds (prompts included), for every policy alike.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ import torch
 
 from attention_core._checks import check_fits, check_int, check_real, short_repr
 
-__all__ = ["Request", "ScheduleResult", "check_requests", "check_schedule", "check_steps", "continuous_batching",
-           "kv_memory_usage", "random_trace", "static_batching", "step_bound"]
+__all__ = ["Request", "STATIC_STARTS", "ScheduleResult", "check_requests", "check_schedule", "check_start",
+           "check_steps", "continuous_batching", "kv_memory_usage", "random_trace", "static_batching", "static_groups",
+           "step_bound"]
 
 
 @dataclass(frozen=True)
@@ -108,14 +115,42 @@ def step_bound(requests: Sequence[Request]) -> int:
     return max((r.arrival for r in requests), default=0) + sum(r.output_len for r in requests) + len(requests) + 1
 
 
-def static_batching(requests: Sequence[Request], max_batch: int) -> ScheduleResult:
-    """Groups of ``max_batch`` in arrival order, each run to its longest member's end (see the module doc)."""
-    check_schedule(requests, max_batch)
+STATIC_STARTS = ("idle", "full")
+
+
+def check_start(start: object) -> str:
+    """``start`` of static batching: ``"idle"`` or ``"full"`` (a ``ValueError`` naming it otherwise)."""
+    if not isinstance(start, str) or start not in STATIC_STARTS:
+        raise ValueError(f"start must be one of {STATIC_STARTS} (when a static group starts), got {short_repr(start)}")
+    return start
+
+
+def static_groups(requests: Sequence[Request], max_batch: int, start: str = "idle") -> List[tuple]:
+    """``[(begin, group), ...]``: the groups static batching runs, in order, and the step each starts at (on a
+    checked trace; see :func:`static_batching`)."""
     order = sorted(requests, key=lambda r: (r.arrival, r.rid))
-    res, clock = ScheduleResult(), 0
-    for g in range(0, len(order), max_batch):
-        group = order[g : g + max_batch]
-        begin = max(clock, max(r.arrival for r in group))
+    groups, clock, i = [], 0, 0
+    while i < len(order):
+        if start == "full":
+            group = order[i : i + max_batch]
+            begin = max(clock, max(r.arrival for r in group))
+        else:  # idle: the engine takes every request waiting when it is free (or the next one to arrive)
+            begin = max(clock, order[i].arrival)
+            group = [r for r in order[i : i + max_batch] if r.arrival <= begin]
+        i += len(group)
+        groups.append((begin, group))
+        clock = begin + max(r.output_len for r in group)
+    return groups
+
+
+def static_batching(requests: Sequence[Request], max_batch: int, start: str = "idle") -> ScheduleResult:
+    """Groups of at most ``max_batch`` in arrival order, each run to its longest member's end; a group starts
+    when the engine is idle with whatever is waiting (``start="idle"``) or once ``max_batch`` requests have
+    arrived (``start="full"``). See the module doc."""
+    check_schedule(requests, max_batch)
+    check_start(start)
+    res = ScheduleResult()
+    for begin, group in static_groups(requests, max_batch, start):
         length = max(r.output_len for r in group)
         while len(res.running) < begin + length:
             res.running.append({})
@@ -124,7 +159,6 @@ def static_batching(requests: Sequence[Request], max_batch: int) -> ScheduleResu
             res.finish[r.rid] = begin + length  # results come back when the whole group is done
             for s in range(length):
                 res.running[begin + s][r.rid] = min(s + 1, r.output_len)
-        clock = begin + length
     return res
 
 
@@ -192,7 +226,8 @@ def kv_memory_usage(requests: Sequence[Request], schedule: ScheduleResult, max_l
     """Share of reserved KV slots that hold a token, summed over all steps of ``schedule``, per policy:
 
     - ``"max"``: every running request reserves ``max_len`` slots (the model's maximum length);
-    - ``"pow2"``: it reserves its final length rounded up to a power of two (a good length guess);
+    - ``"pow2"``: it reserves its prompt plus its output length rounded up to a power of two (Kwon et al.'s
+      Orca (Pow2): "if the true output length is 25, it reserves 32 positions for outputs"), at most ``max_len``;
     - ``"oracle"``: it reserves exactly its final length (prompt + output known in advance);
     - ``"paged"``: it holds ``block_size``-token blocks for the tokens it has so far (PagedAttention).
 
@@ -217,7 +252,7 @@ def kv_memory_usage(requests: Sequence[Request], schedule: ScheduleResult, max_l
             tokens, final = r.prompt_len + n, r.prompt_len + r.output_len
             used += tokens
             reserved["max"] += max_len
-            reserved["pow2"] += 1 << (final - 1).bit_length()
+            reserved["pow2"] += min(max_len, r.prompt_len + (1 << (r.output_len - 1).bit_length()))
             reserved["oracle"] += final
             reserved["paged"] += -(-tokens // block_size) * block_size
     return {k: used / v for k, v in reserved.items()}
