@@ -175,7 +175,6 @@ REFUSED_NOW: dict[tuple[str, str], list[str]] = {
     ("13", "JSD (nats)"): ["0.3", "0.5"],
 }
 #: chapters other developers own: their boxes are to state their precision too (exact=True, digits=, decimals=)
-OWNED_ELSEWHERE = {"16", "18"}
 
 
 @pytest.mark.parametrize(("chapter", "key"), list(WRITTEN_AS), ids=[f"{c}-{k}" for c, k in WRITTEN_AS])
@@ -195,14 +194,7 @@ def test_a_box_refuses_what_is_coarser_than_its_stated_precision(chapter, key) -
         assert not ex.accepts(text), f"ch. {chapter} {key!r}: {text!r} is accepted ({ex.name})"
 
 
-def _stated(entry):
-    chapter = entry[0]
-    marks = [pytest.mark.xfail(reason=f"chapter {chapter} is owned by another developer", strict=False)] \
-        if chapter in OWNED_ELSEWHERE else []
-    return pytest.param(*entry, marks=marks, id=f"{entry[0]}-{entry[1]}")
-
-
-@pytest.mark.parametrize(("chapter", "key", "encoded", "tol"), [_stated(e) for e in EXERCISES])
+@pytest.mark.parametrize(("chapter", "key", "encoded", "tol"), EXERCISES, ids=[f"{e[0]}-{e[1]}" for e in EXERCISES])
 def test_every_box_states_the_precision_it_checks(chapter, key, encoded, tol) -> None:
     """Every number box of the book says what it checks: significant figures, decimal places, or an exact value
     (a count, a whole number); none checks a relative tolerance that its label does not state."""
