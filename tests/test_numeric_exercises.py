@@ -174,7 +174,6 @@ REFUSED_NOW: dict[tuple[str, str], list[str]] = {
     ("12", "tokens at which the cache equals the state"): ["64.6", "64.4", "65"],  # 129/2 exactly
     ("13", "JSD (nats)"): ["0.3", "0.5"],
 }
-#: chapters other developers own: their boxes are to state their precision too (exact=True, digits=, decimals=)
 
 
 @pytest.mark.parametrize(("chapter", "key"), list(WRITTEN_AS), ids=[f"{c}-{k}" for c, k in WRITTEN_AS])
