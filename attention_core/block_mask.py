@@ -68,7 +68,7 @@ class BlockMask:
         for num, idx, state in ((self.kv_num_blocks, self.kv_indices, PARTIAL),
                                 (self.full_kv_num_blocks, self.full_kv_indices, FULL)):
             valid = cols < num[..., None]  # (Bm, Hm, nQ, nK): the first num entries are tiles
-            states.scatter_(-1, idx.long(), torch.where(valid, state, 0).to(torch.int8), reduce="add")
+            states.scatter_add_(-1, idx.long(), torch.where(valid, state, 0).to(torch.int8))
         return states
 
     def nonempty_tiles(self) -> int:
