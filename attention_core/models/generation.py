@@ -1,9 +1,14 @@
-"""Generation: continue a prompt with a :class:`~attention_core.models.decoder_lm.DecoderLM`, token by token.
+"""Generation: continue a prompt with a :class:`~attention_core.models.language_model.DecoderLM`, token by token.
 
 With a key/value cache the prompt is prefilled once and every new token decoded alone against the cache; without,
 every step recomputes the model over the whole text. :func:`generate` checks its arguments once; the loop then
 calls the unchecked sampling core (:func:`attention_core.models.sampling._sample`) at every token, after a check
 of the values of the model's logits (no NaN or ``+inf``, a finite logit per row).
+
+:mod:`attention_core.models.language_model` re-exports :func:`generate`, so this module does not import the model
+class back (that would be an import circle): it takes a module with the language model's interface
+(``new_cache``, ``rotary.max_len`` and its call signature), in this library
+:class:`~attention_core.models.language_model.DecoderLM`.
 """
 
 from __future__ import annotations
@@ -11,9 +16,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch import nn
 
 from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape
-from attention_core.models.decoder_lm import DecoderLM
 from attention_core.models.sampling import _check_sampling, _check_values, _sample
 from attention_core.training.modes import eval_mode
 
@@ -21,7 +26,7 @@ __all__ = ["generate"]
 
 
 @torch.no_grad()
-def generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: Optional[int] = None, top_p: Optional[float] = None,
              generator: Optional[torch.Generator] = None, use_cache: bool = True, window: Optional[int] = None,
              sinks: int = 0, *, pad: Optional[torch.Tensor] = None, absorbed: Optional[bool] = None,
@@ -38,8 +43,10 @@ def generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temper
     ``generator`` only (torch's global generator when it is ``None``). The sampling settings are those of
     :func:`sample_next_token`, checked before the prompt is read.
     """
-    if not isinstance(model, DecoderLM):
-        raise TypeError(f"model must be a DecoderLM, got {type(model).__name__}")
+    if not (isinstance(model, nn.Module) and callable(getattr(model, "new_cache", None))
+            and isinstance(getattr(getattr(model, "rotary", None), "max_len", None), int)):
+        raise TypeError(f"model must be a DecoderLM (a module with new_cache and rotary positions), got "
+                        f"{type(model).__name__}")
     check_tensor(prompt, "prompt")
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError(f"prompt must be (B, P) token ids with P >= 1, got shape {fmt_shape(prompt.shape)}")
@@ -63,7 +70,7 @@ def generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temper
                          sinks, pad, absorbed, max_len)
 
 
-def _generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temperature: float,
+def _generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temperature: float,
               top_k: Optional[int], top_p: Optional[float], generator: Optional[torch.Generator], use_cache: bool,
               window: Optional[int], sinks: int, pad: Optional[torch.Tensor], absorbed: Optional[bool],
               max_len: Optional[int]) -> torch.Tensor:
