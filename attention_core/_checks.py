@@ -165,34 +165,32 @@ def _range_text(low: object, high: object, low_open: bool, high_open: bool) -> s
 
 
 def check_int(x: object, name: str, *, low: int | None = None, high: int | None = None,
-              high_open: bool = False, note: str = "", type_text: str | None = None,
-              value_text: str | None = None) -> int:
+              high_open: bool = False, note: str = "") -> int:
     """Return ``x`` if it is an int (a bool is not) in ``[low, high]`` (``[low, high)`` with ``high_open``).
 
-    Raises ``TypeError`` for another type and ``ValueError`` for a value out of range, both naming ``name``, the
-    value seen and what was expected: ``"an int >= 1"`` and the like, with ``note`` after it (what the number is,
-    e.g. ``"(the half-width D)"``); ``type_text`` / ``value_text`` replace that text in one of the two messages.
+    Raises ``TypeError`` for another type and ``ValueError`` for a value out of range, both in one form:
+    ``"{name} must be an int >= 1 {note}, got ..."`` (the range as the bounds give it; ``note`` says what the
+    number is, e.g. ``"(the half-width D)"``), with the type seen in the ``TypeError``.
     """
     want = " ".join(w for w in ("an int", _range_text(low, high, False, high_open), note) if w)
     if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"{name} must be {type_text or want}, got {type(x).__name__} {short_repr(x)}")
+        raise TypeError(f"{name} must be {want}, got {type(x).__name__} {short_repr(x)}")
     if (low is not None and x < low) or (high is not None and (x >= high if high_open else x > high)):
-        raise ValueError(f"{name} must be {value_text or want}, got {short_repr(x)}")
+        raise ValueError(f"{name} must be {want}, got {short_repr(x)}")
     return x
 
 
 def check_real(x: object, name: str, *, low: float | None = None, high: float | None = None,
-               low_open: bool = False, high_open: bool = False, type_text: str | None = None) -> float:
+               low_open: bool = False, high_open: bool = False) -> float:
     """Return ``x`` as a float if it is a finite real number (a bool is not) in the given range.
 
     ``low_open`` / ``high_open`` exclude the bound. Raises ``TypeError`` for another type and ``ValueError`` for a
-    NaN, an infinity or a value out of range, naming ``name``, the value seen and the range (``type_text``
-    replaces what the ``TypeError`` says was expected).
+    NaN, an infinity or a value out of range, both in one form: ``"{name} must be a finite float > 1, got ..."``.
     """
     kind = "a float" if low is not None and high is not None else "a finite float"  # both bounds: finite said
     want = " ".join(w for w in (kind, _range_text(low, high, low_open, high_open)) if w)
     if not _is_real(x):
-        raise TypeError(f"{name} must be {type_text or want}, got {type(x).__name__} {short_repr(x)}")
+        raise TypeError(f"{name} must be {want}, got {type(x).__name__} {short_repr(x)}")
     value = real_to_float(x)
     bad = not math.isfinite(value)
     bad = bad or (low is not None and (value <= low if low_open else value < low))

@@ -57,7 +57,7 @@ Device = Union[torch.device, str, None]
 
 
 def _check_base(base: object) -> float:
-    return check_real(base, "base", low=1, low_open=True, type_text="a float > 1")
+    return check_real(base, "base", low=1, low_open=True)
 
 
 def _check_even(dim: object, name: str) -> int:

@@ -52,8 +52,9 @@ def kernel_fingerprint() -> str:
     os.environ.pop("TRITON_INTERPRET", None)
     from attention_core.backends import triton_flex as tf
     from attention_core.backends import triton_flex_bwd as tb
+    from attention_core.backends import triton_flex_mods as tm
 
-    parts = [tf._keep.src, tf._score.src, tf._tile.src, tf._flex_fwd.src, inspect.getsource(tf.num_warps_for),
+    parts = [tm._keep.src, tm._score.src, tf._tile.src, tf._flex_fwd.src, inspect.getsource(tf.num_warps_for),
              tb._probs.src, tb._ds.src, tb._dq_tile.src, tb._flex_bwd_dq.src, tb._probs_t.src, tb._dkdv_tile.src,
              tb._flex_bwd_dkdv.src, inspect.getsource(tb.launch_config)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

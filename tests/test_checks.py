@@ -54,3 +54,39 @@ def test_check_real_accepts_numbers_of_every_kind() -> None:
         check_real(math.inf, "t", low=0)
     with pytest.raises(ValueError, match="big must be a finite float"):
         check_real(10**400, "big")
+
+
+def test_check_int_and_check_real_have_no_per_call_site_text() -> None:
+    """One message form: no call site replaces what the message says was expected."""
+    import inspect
+
+    for fn in (check_int, check_real):
+        assert not {"type_text", "value_text"} & set(inspect.signature(fn).parameters), fn.__name__
+
+
+def _call_sites():
+    from attention_core.models.rnn_attention import AdditiveAttention, LuongAttention
+    from attention_core.positional import sinusoidal_encoding
+    from attention_core.translation.data import NumberWords, number_to_words
+
+    return {  # the call sites that had their own text: (call with a bad type, call with a bad value, name)
+        "window": (lambda w: LuongAttention(4, 6, "general", mode="local-p", window=w), 1.5, -1),
+        "query_dim": (lambda d: AdditiveAttention(d, 6, 5), 2.0, 0),
+        "n": (number_to_words, 1.5, -1),
+        "max_digits": (lambda d: NumberWords(max_digits=d), "3", 13),
+        "base": (lambda b: sinusoidal_encoding(4, 8, base=b), "2", 1.0),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_call_sites()))
+def test_the_former_special_cases_say_the_same_in_both_errors(name) -> None:
+    """The TypeError and the ValueError of one argument expect the same thing, in the shared form."""
+    call, bad_type, bad_value = _call_sites()[name]
+    with pytest.raises(TypeError, match=rf"^{name} must be ") as type_error:
+        call(bad_type)
+    with pytest.raises(ValueError, match=rf"^{name} must be ") as value_error:
+        call(bad_value)
+    want_type = str(type_error.value).split(", got ")[0]
+    want_value = str(value_error.value).split(", got ")[0]
+    assert want_type == want_value, (want_type, want_value)
+    assert str(value_error.value).endswith(f", got {bad_value!r}")

@@ -31,6 +31,7 @@ from attention_core.distributed import (
     ulysses_attention,
     ulysses_bytes,
 )
+from attention_core.distributed.layout import unshard
 from attention_core.distributed.measure import PeakTensorMemory, balance, tile_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -346,3 +347,20 @@ def test_torchrun_runs_the_demo() -> None:
     assert all(float(line[-1]) < 1e-10 for line in lines)
     ring = [int(x[2]) for x in lines if x[0] == "ring"]
     assert ring == ring_bytes([48, 48], 1, 4, 8, 8, 8, backward=True)
+
+
+@pytest.mark.parametrize("dim", [0, -1])
+def test_a_0d_tensor_is_refused_naming_the_argument(dim) -> None:
+    """A 0-d tensor has no dim to split: ValueError naming it (it was a ZeroDivisionError), before any group."""
+    for fn, name in ((shard, "x"), (unshard, "x_local")):
+        with pytest.raises(ValueError, match=rf"^{name} must have at least 1 dim"):
+            fn(torch.tensor(1.0), dim)
+
+
+def test_shard_dim_errors_name_dim() -> None:
+    x = torch.ones(3, 4)
+    with pytest.raises(ValueError, match=r"^dim must index a dim of x \(shape \(3, 4\)\), in \[-2, 1\], got 2$"):
+        shard(x, 2)
+    for bad in (1.5, True, None):
+        with pytest.raises(TypeError, match=r"^dim must be an int, got "):
+            shard(x, bad)

@@ -185,6 +185,25 @@ def test_tile_states_are_the_dense_mask_reduced(mod_name, block):
     assert bm.nonempty_tiles() == int((states > 0).sum())
 
 
+@pytest.mark.parametrize("mod_name", ["causal", "document_per_batch"])
+def test_tile_states_warn_nothing_and_are_int8(mod_name):
+    """``tile_states`` adds the partial and full codes with ``scatter_add_`` (``scatter_(reduce="add")`` is
+    deprecated and warns); each tile is counted once, as 0, 1 or 2."""
+    bm = _block_mask(mod_name, (32, 96))
+    always = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)  # torch warns of the deprecated call once per process: make it warn every time
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            states = bm.tile_states()
+    finally:
+        torch.set_warn_always(always)
+    assert states.dtype == torch.int8 and states.shape == bm.kv_indices.shape
+    assert set(states.unique().tolist()) <= {0, 1, 2}
+    assert int((states == 1).sum()) == int(bm.kv_num_blocks.sum())
+    assert int((states == 2).sum()) == int(bm.full_kv_num_blocks.sum())
+
+
 def test_block_mask_memory_is_tiles_not_pairs():
     Lbig = 16384
     bm = create_block_mask(mm.sinks_and_window(4, 256), None, None, Lbig, Lbig)

@@ -370,3 +370,60 @@ def test_left_pad_refuses_rows_that_are_not_ids_of_one_dtype() -> None:
         left_pad([torch.tensor([1, 2]), torch.tensor([1.5])])
     with pytest.raises(TypeError, match="rows must all hold int64"):
         left_pad([torch.tensor([1, 2]), torch.tensor([1], dtype=torch.int32)])
+
+
+# ------------------------------------------------------------------------------------------------ rooms
+
+
+def test_sampling_and_generation_are_their_own_modules_re_exported() -> None:
+    """The model, sampling and generation live apart; language_model re-exports the last two (same objects)."""
+    from pathlib import Path
+
+    from attention_core.models import generation, language_model, sampling
+
+    assert language_model.generate is generation.generate
+    for name in ("filter_top_k", "filter_top_p", "sample_next_token"):
+        assert getattr(language_model, name) is getattr(sampling, name), name
+    for module in (generation, language_model, sampling):
+        assert len(Path(module.__file__).read_text().splitlines()) <= 700, module.__name__
+    with pytest.raises(TypeError, match="^model must be a DecoderLM"):  # a module without the model's interface
+        generate(torch.nn.Linear(2, 2), tokens(1, 2), 1)
+
+
+def test_generate_checks_its_settings_once_not_per_token(monkeypatch) -> None:
+    """The loop calls the unchecked sampling core: the settings are validated once per call, whatever its length."""
+    from attention_core.models import generation, sampling
+
+    calls = []
+    real = sampling._check_sampling
+
+    def counting(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(sampling, "_check_sampling", counting)
+    monkeypatch.setattr(generation, "_check_sampling", counting)
+    for kw in (dict(temperature=0.0), dict(temperature=0.8, top_k=5, top_p=0.9)):
+        calls.clear()
+        out = generate(sharp_model(), tokens(2, 3), 6, generator=torch.Generator().manual_seed(0), **kw)
+        assert out.shape == (2, 9) and len(calls) == 1, (kw, len(calls))
+
+
+def test_the_sampler_and_serving_share_one_logits_check() -> None:
+    from attention_core.models import sampling
+    from attention_core.serving import speculative
+
+    assert speculative._check_logits is sampling._check_logits
+    for fn in (lambda x: sample_next_token(x, 1.0), lambda x: speculative.next_token_probs(x, 1.0)):
+        with pytest.raises(TypeError, match="^logits must have a floating-point dtype"):
+            fn(torch.zeros(1, 3, dtype=torch.long))
+        with pytest.raises(ValueError, match=r"^logits must be \(.*V\) with V >= 1, got shape \(1, 0\)"):
+            fn(torch.zeros(1, 0))
+        with pytest.raises(ValueError, match=r"^logits is a meta tensor"):
+            fn(torch.zeros(1, 3, device="meta"))
+    with pytest.raises(ValueError, match=r"^logits must be \(B, V\) with V >= 1, got shape \(3,\)"):
+        sample_next_token(torch.zeros(3), 1.0)
+    assert speculative.next_token_probs(torch.zeros(3), 1.0).shape == (3,)  # (..., V): any leading dims
+    # the filters compare and never normalise: +inf and an all -inf row pass, NaN does not
+    row = torch.tensor([[math.inf, 0.0], [-math.inf, -math.inf]])
+    assert torch.equal(filter_top_k(row, 1), torch.tensor([[math.inf, -math.inf], [-math.inf, -math.inf]]))

@@ -131,7 +131,7 @@ def test_bad_inputs_raise_clear_errors() -> None:
         LuongDecoder(5, 4, 6, 6, score="bilinear")
     with pytest.raises(ValueError, match=r"mode must be one of .*got 'local-x'"):
         LuongDecoder(5, 4, 6, 6, mode="local-x")
-    with pytest.raises(ValueError, match=r"window must be >= 0 \(the half-width D\), got -2"):
+    with pytest.raises(ValueError, match=r"^window must be .*, got -2$"):
         LuongDecoder(5, 4, 6, 6, mode="local-p", window=-2)
     with pytest.raises(ValueError, match="score='dot' needs query_dim == key_dim, got query_dim=6 and key_dim=8"):
         LuongDecoder(5, 4, 6, 8, score="dot")

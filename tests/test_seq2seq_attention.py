@@ -147,11 +147,11 @@ def test_bad_arguments_raise_clear_errors() -> None:
         LuongAttention(4, 6, "cosine")
     with pytest.raises(ValueError, match=r"mode must be one of .*got 'local'"):
         LuongAttention(4, 6, "general", mode="local")
-    with pytest.raises(ValueError, match=r"window must be >= 0 \(the half-width D\), got -1"):
+    with pytest.raises(ValueError, match=r"^window must be .*, got -1$"):
         LuongAttention(4, 6, "general", mode="local-p", window=-1)
-    with pytest.raises(TypeError, match=r"window must be an int .* got float 1.5"):
+    with pytest.raises(TypeError, match=r"^window must be .*, got float 1.5$"):
         LuongAttention(4, 6, "general", mode="local-p", window=1.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="query_dim must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"^query_dim must be .*, got 0$"):
         AdditiveAttention(0, 6, 5)
     layer = AdditiveAttention(DQ, DK, 5)
     query, key, mask = _inputs()

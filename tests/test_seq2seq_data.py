@@ -38,9 +38,9 @@ def test_number_to_words(n: int, use_and: bool, words: str) -> None:
 
 
 def test_number_to_words_rejects_bad_input() -> None:
-    with pytest.raises(ValueError, match=r"n must be in \[0, 10\*\*12\), got -1"):
+    with pytest.raises(ValueError, match=r"^n must be .*, got -1$"):
         number_to_words(-1)
-    with pytest.raises(TypeError, match="n must be an int, got float"):
+    with pytest.raises(TypeError, match=r"^n must be .*, got float 1.5$"):
         number_to_words(1.5)  # type: ignore[arg-type]
 
 
@@ -70,7 +70,7 @@ def test_task_is_seeded_and_covers_every_length() -> None:
 
 
 def test_task_rejects_bad_settings() -> None:
-    with pytest.raises(ValueError, match="max_digits must be in 1..12, got 13"):
+    with pytest.raises(ValueError, match=r"^max_digits must be .*, got 13$"):
         NumberWords(max_digits=13)
     with pytest.raises(ValueError, match="zero_prob must be a probability"):
         NumberWords(zero_prob=1.5)

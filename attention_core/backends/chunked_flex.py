@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
+from attention_core.block_mask import BLOCK_SIZE
 from attention_core.mask_mods import call_mask_mod, call_score_mod
 
 __all__ = ["CHUNK_KEYS", "captured_tensors", "chunked_flex_attention"]
@@ -222,8 +223,6 @@ class _Plan:
     """
 
     def __init__(self, block_mask, B: int, H: int, L: int, S: int, chunk_keys: int, device, max_rows: int):
-        from attention_core.flex_attention import BLOCK_SIZE
-
         if block_mask is None:  # every tile full, no predicate
             Bq = Bk = BLOCK_SIZE
             nQ, nK = -(-L // Bq), -(-S // Bk)

@@ -38,7 +38,9 @@ kernel runs on the CPU in NumPy: that is how the tests check it. What the forwar
 sm_90 (registers, spills) is in ``benchmarks/results/triton_flex_resources.json``
 (``benchmarks/triton_flex_resources.py``).
 
-Layout: jit helpers and kernel -> launcher (recognise the mods, validate, allocate, grid) -> operators -> public.
+Layout: jit kernel -> launcher (recognise the mods, validate, allocate, grid) -> operators -> public. The
+compiled mods (``_keep``, ``_score``), which the backward calls too, are in
+:mod:`attention_core.backends.triton_flex_mods`.
 """
 
 from __future__ import annotations
@@ -49,55 +51,17 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_core.mask_mods import check_captured
+from attention_core.backends.triton_flex_bwd import flex_backward
+from attention_core.backends.triton_flex_mods import MASK_KINDS, SCORE_KINDS, _keep, _score
+from attention_core.block_mask import create_block_mask
+from attention_core.mask_mods import check_captured, noop_mask
 
 __all__ = ["GPU_TILES", "INTERPRET", "MASK_KINDS", "SCORE_KINDS", "compile_args", "triton_flex_attention"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-MASK_KINDS = {"noop": 0, "causal": 1, "window": 2, "sinks_window": 3, "document": 4, "prefix_lm": 5,
-              "bottom_right": 6, "document_causal": 7, "window_two_sided": 8}
-SCORE_KINDS = {None: 0, "alibi": 1, "soft_cap": 2, "relative_position_bias": 3}
 
 
 # ----------------------------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _keep(q, kv, DOC, L, S, P0, P1, MASK: tl.constexpr):
-    """The compiled mask_mod: q (BLOCK_M, 1) and kv (1, BLOCK_N) positions -> bool (BLOCK_M, BLOCK_N)."""
-    if MASK == 1:
-        keep = kv <= q
-    elif MASK == 2:
-        keep = (kv <= q) & (q - kv < P1)
-    elif MASK == 3:
-        keep = (kv <= q) & ((kv < P0) | (q - kv < P1))
-    elif MASK == 4:
-        keep = tl.load(DOC + tl.minimum(q, L - 1)) == tl.load(DOC + tl.minimum(kv, S - 1))
-    elif MASK == 5:
-        keep = (kv < P0) | (kv <= q)
-    elif MASK == 6:
-        keep = kv <= q + P0
-    elif MASK == 7:
-        same = tl.load(DOC + tl.minimum(q, L - 1)) == tl.load(DOC + tl.minimum(kv, S - 1))
-        keep = same & (kv <= q)
-    elif MASK == 8:
-        keep = ((q - kv) <= P1) & ((kv - q) <= P1)
-    else:
-        keep = (q >= 0) & (kv >= 0)
-    return keep
-
-
-@triton.jit
-def _score(s, q, kv, h, SLOPES, TABLE, CAP, P2, SCORE: tl.constexpr):
-    """The compiled score_mod on natural-unit scores s (BLOCK_M, BLOCK_N), float32."""
-    if SCORE == 1:
-        s = s + tl.load(SLOPES + h).to(tl.float32) * (kv - q).to(tl.float32)
-    elif SCORE == 2:
-        s = CAP * (2.0 / (1.0 + tl.exp(-2.0 * (s / CAP))) - 1.0)  # cap * tanh(s / cap)
-    elif SCORE == 3:
-        d = tl.minimum(tl.maximum(kv - q, -P2), P2) + P2
-        s = s + tl.load(TABLE + h * (2 * P2 + 1) + d).to(tl.float32)
-    return s
 
 
 @triton.jit
@@ -221,9 +185,6 @@ def _pow2(n: int) -> bool:
 
 def compile_args(query, key, value, score_mod, block_mask, scale):
     """Validate and turn a call into (tensor arguments, scalar arguments, constexprs, grid) for ``_flex_fwd``."""
-    from attention_core.flex_attention import create_block_mask
-    from attention_core.mask_mods import noop_mask
-
     B, H, L, E = query.shape
     S = key.shape[2]
     if value.shape[-1] != E or E > 128:
@@ -315,8 +276,6 @@ def _backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                  table: torch.Tensor, scale: float, cap: float, p0: int, p1: int, p2: int, mask: int, score: int,
                  block_m: int, block_n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)``, recomputed tile by tile from ``lse`` (:mod:`attention_core.backends.triton_flex_bwd`)."""
-    from attention_core.backends.triton_flex_bwd import flex_backward
-
     return flex_backward(grad_out, query, key, value, out, lse, kv_num, kv_idx, full_num, full_idx, doc, slopes,
                          table, scale, cap, p0, p1, p2, mask, score, block_m, block_n)
 

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_core.backends.triton_flex import _keep, _score
+from attention_core.backends.triton_flex_mods import _keep, _score
 
 __all__ = ["flex_backward", "launch_config", "transposed_tiles"]
 

@@ -20,6 +20,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from attention_core._checks import check_int, check_tensor, fmt_shape, short_repr
+
 __all__ = ["LAYOUTS", "check_layout", "local_lengths", "positions", "segments", "shard", "unshard"]
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
@@ -83,10 +85,14 @@ def group_info(group: Optional[dist.ProcessGroup] = None) -> Tuple[int, int]:
 
 
 def _check_dim(x: torch.Tensor, dim: int, name: str) -> int:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not -x.dim() <= dim < max(x.dim(), 1):
-        raise ValueError(f"dim must index a dim of {name} (shape {tuple(x.shape)}); got dim={dim}")
+    """``dim`` as a non-negative index of one of ``x``'s dims (a 0-d tensor has none to split: ValueError)."""
+    check_tensor(x, name)
+    check_int(dim, "dim")
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have at least 1 dim to split along dim={dim}, got a 0-d tensor (shape ())")
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must index a dim of {name} (shape {fmt_shape(x.shape)}), in [{-x.dim()}, "
+                         f"{x.dim() - 1}], got {short_repr(dim)}")
     return dim % x.dim()
 
 

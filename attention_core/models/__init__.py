@@ -4,7 +4,8 @@
 - :mod:`~attention_core.models.transformer`: encoder and decoder layers and stacks (chapter 8);
 - :mod:`~attention_core.models.bert`: a BERT encoder with pooling heads (chapter 10);
 - :mod:`~attention_core.models.language_model`: the decoder-only language model (MHA, GQA, MQA or MLA
-  attention), generation, windows and sinks (chapter 11);
+  attention), windows and sinks (chapter 11); it re-exports :mod:`~attention_core.models.sampling` (greedy,
+  temperature, top-k, top-p) and :mod:`~attention_core.models.generation` (prefill and decode);
 - :mod:`~attention_core.models.kv_cache`: its key/value cache (preallocated, rotated keys, left padding) and
   the decode masks built from the mask mods;
 - :mod:`~attention_core.models.latent_attention`: DeepSeek-style multi-head latent attention and its cache;

@@ -30,7 +30,9 @@ The attention of every layer is multi-head (``num_kv_heads = num_heads``), group
 latent and a rotary key per token, and decoding reads it in the absorbed form).
 
 Sampling (:func:`sample_next_token`, :func:`generate`): greedy (``temperature=0``), temperature, top-k and top-p
-(nucleus), drawn with a seeded ``torch.Generator`` so that a generation repeats exactly.
+(nucleus), drawn with a seeded ``torch.Generator`` so that a generation repeats exactly. They live in their own
+modules, :mod:`attention_core.models.sampling` and :mod:`attention_core.models.generation`, and are re-exported
+here; neither imports this module back.
 """
 
 from __future__ import annotations
@@ -45,20 +47,19 @@ from torch import nn
 
 from attention_core._checks import (
     check_bool_flag,
-    check_floating,
     check_int,
     check_positive_int,
-    check_real,
     check_tensor,
     fmt_shape,
 )
 from attention_core.flex_attention import BlockMask, flex_attention
 from attention_core.functional import attention
+from attention_core.models.generation import generate
 from attention_core.models.kv_cache import KVCache, _release_snapshot, cached_causal_mask, decode_mask, rotate_at
 from attention_core.models.latent_attention import LatentSelfAttention
+from attention_core.models.sampling import filter_top_k, filter_top_p, sample_next_token
 from attention_core.multihead import MultiHeadAttention
 from attention_core.positional import RotaryEmbedding
-from attention_core.training.modes import eval_mode
 
 __all__ = [
     "DecoderBlock",
@@ -497,192 +498,3 @@ def build_language_model(config: Union[LMConfig, Dict[str, Any]]) -> DecoderLM:
             model = DecoderLM(**kwargs)
     model.config = recorded
     return model
-
-
-# --------------------------------------------------------------------------------------------- sampling
-
-
-def _check_logits(logits: object, name: str = "logits") -> torch.Tensor:
-    check_tensor(logits, name)
-    check_floating(logits, name)
-    if logits.dim() == 0 or logits.shape[-1] == 0:
-        raise ValueError(f"{name} must be (..., V) with V >= 1, got shape {fmt_shape(logits.shape)}")
-    if logits.device.type == "meta":
-        raise ValueError(f"{name} is a meta tensor: it has no values to filter or sample from")
-    if logits.isnan().any():
-        rows = logits.isnan().reshape(-1, logits.shape[-1]).any(-1).nonzero().flatten().tolist()
-        raise ValueError(f"{name} must hold no NaN (rows {rows[:5]} do): they give no distribution")
-    return logits
-
-
-def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the ``k`` largest logits of each row (ties with the k-th kept too); the rest become ``-inf``.
-
-    Boundaries: ``k >= V`` keeps every logit (the row unchanged); ``k = 1`` keeps the largest (and any tie with
-    it); ``k < 1``, a bool or a non-int is refused, and so are NaN logits. ``-inf`` logits stay ``-inf``.
-    """
-    _check_logits(logits)
-    k = check_int(k, "top_k", low=1, note="(tokens kept per row)")
-    if k >= logits.shape[-1]:
-        return logits
-    kth = logits.topk(k, dim=-1).values[..., -1:]  # (..., 1)
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Nucleus filter: keep the fewest most likely tokens whose probabilities sum to at least ``p``.
-
-    Boundaries: ``p`` in ``(0, 1]``; ``p = 1`` keeps every token (the row unchanged, whatever the rounding of
-    the cumulative sum); a tiny ``p`` keeps the most likely token (and the tokens tied with it that come first in
-    the sort); ``p <= 0``, ``p > 1``, NaN or a non-number is refused, and so are NaN logits.
-    """
-    _check_logits(logits)
-    p = check_real(p, "top_p", low=0, high=1, low_open=True)
-    if p >= 1.0:
-        return logits
-    probs, order = logits.softmax(-1).sort(dim=-1, descending=True)  # (..., V) each
-    before = probs.cumsum(-1) - probs  # probability mass of the more likely tokens
-    drop_sorted = before >= p  # the set already reached p without this token
-    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
-    return logits.masked_fill(drop, float("-inf"))
-
-
-def _check_sampling(temperature: object, top_k: object, top_p: object, generator: object) -> float:
-    """Validate the sampling settings (before any work); return the temperature as a float."""
-    temperature = check_real(temperature, "temperature", low=0)
-    if top_k is not None:
-        check_int(top_k, "top_k", low=1, note="(tokens kept per row) or None")
-    if top_p is not None:
-        check_real(top_p, "top_p", low=0, high=1, low_open=True)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    return temperature
-
-
-def _check_drawable(logits: torch.Tensor, name: str = "logits") -> None:
-    """Refuse logits that give no distribution: NaN or ``+inf`` anywhere, or a row whose logits are all ``-inf``."""
-    if not logits.numel():
-        return
-    flat = logits.reshape(-1, logits.shape[-1])  # (rows, V)
-    bad = flat.isnan() | (flat == math.inf)
-    if bad.any():
-        rows = bad.any(-1).nonzero().flatten().tolist()
-        raise ValueError(f"{name} must hold no NaN or +inf (rows {rows[:5]} do): they give no distribution")
-    if (flat == -math.inf).all(-1).any():
-        rows = (flat == -math.inf).all(-1).nonzero().flatten().tolist()
-        raise ValueError(f"every logit of rows {rows[:5]} is -inf in {name}: nothing can be drawn")
-
-
-def _tempered_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``logits / temperature`` for a softmax over the last dim, safe at every finite magnitude.
-
-    ``temperature`` is a float > 0 and each row of ``logits`` (checked by the callers) holds no NaN or ``+inf``
-    and at least one finite value. Computed in float64 for float64 logits and in float32 otherwise (never in a
-    narrower type than the input's). ``-inf`` stays ``-inf``. Where ``logits / temperature`` overflows (a tiny
-    temperature, or huge logits), each row is shifted by its largest logit first -- the softmax is unchanged --
-    so the best token gives 0 and the others a large negative value or ``-inf``: the greedy limit, never NaN.
-    The one place the language model's sampler and serving's :func:`~attention_core.serving.next_token_probs`
-    scale by a temperature.
-    """
-    work = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
-    scaled = work / temperature
-    finite = torch.isfinite(work)
-    if bool((finite & ~torch.isfinite(scaled)).any()):
-        gap = work - work.amax(-1, keepdim=True)  # (..., V), <= 0; -inf where the logit is -inf
-        # the best token stays at 0 even where the temperature rounds to 0 in float32 (0 / 0 would be NaN)
-        scaled = torch.where(gap == 0, torch.zeros_like(gap), gap / temperature)
-    return scaled
-
-
-def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
-                      top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """One token per row of ``logits`` (B, V): greedy when ``temperature == 0`` or ``top_k == 1``, else sampled
-    from ``softmax(logits / temperature)`` restricted by ``top_k`` and ``top_p``. Returns (B,) int64.
-
-    Greedy picks the largest logit, the lowest id among ties, and draws no random number: torch's global
-    generator is not touched. Sampling draws from ``generator`` (the global generator only when it is ``None``).
-    Boundaries: ``temperature`` a finite float >= 0 (a tiny one tends to greedy without overflowing; ``inf``,
-    NaN and negative values are refused); ``top_k`` an int >= 1 or None (``>= V`` keeps every token);
-    ``top_p`` in ``(0, 1]`` or None. Logits may hold ``-inf`` (never drawn) but no NaN or ``+inf``, and a row
-    must keep one finite logit.
-    """
-    check_tensor(logits, "logits")
-    if logits.dim() != 2 or logits.shape[1] == 0:
-        raise ValueError(f"logits must be (B, V) with V >= 1, got shape {fmt_shape(logits.shape)}")
-    check_floating(logits, "logits")
-    if logits.device.type == "meta":
-        raise ValueError("logits is a meta tensor: it has no values to sample from")
-    temperature = _check_sampling(temperature, top_k, top_p, generator)
-    _check_drawable(logits)
-    if temperature == 0 or top_k == 1:
-        return logits.argmax(-1)
-    logits = _tempered_logits(logits, temperature)
-    if top_k is not None:
-        logits = filter_top_k(logits, top_k)
-    if top_p is not None:
-        logits = filter_top_p(logits, top_p)
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]  # (B, 1) -> (B,)
-
-
-@torch.no_grad()
-def generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: Optional[int] = None, top_p: Optional[float] = None,
-             generator: Optional[torch.Generator] = None, use_cache: bool = True, window: Optional[int] = None,
-             sinks: int = 0, *, pad: Optional[torch.Tensor] = None, absorbed: Optional[bool] = None,
-             max_len: Optional[int] = None) -> torch.Tensor:
-    """Continue ``prompt`` (B, P) by ``max_new_tokens`` tokens; returns (B, P + max_new_tokens).
-
-    With ``use_cache`` the prompt is prefilled once and every new token decoded alone from a :class:`KVCache`
-    (rolling if ``window`` is given; ``max_len`` preallocates it); without, every step recomputes the model over
-    the whole text. ``pad`` (B,): the prompt rows are left-padded by that many tokens (see :func:`left_pad`).
-    ``absorbed``: latent attention's form (default: absorbed with the cache).
-
-    The model runs in eval mode and every submodule's mode is given back afterwards, also when the call raises.
-    Greedy decoding (``temperature=0`` or ``top_k=1``) draws no random number; sampling draws from
-    ``generator`` only (torch's global generator when it is ``None``). The sampling settings are those of
-    :func:`sample_next_token`, checked before the prompt is read.
-    """
-    if not isinstance(model, DecoderLM):
-        raise TypeError(f"model must be a DecoderLM, got {type(model).__name__}")
-    check_tensor(prompt, "prompt")
-    if prompt.dim() != 2 or prompt.shape[1] == 0:
-        raise ValueError(f"prompt must be (B, P) token ids with P >= 1, got shape {fmt_shape(prompt.shape)}")
-    check_positive_int(max_new_tokens, "max_new_tokens", allow_zero=True)
-    check_bool_flag(use_cache, "use_cache")
-    if sinks and not use_cache:
-        raise ValueError("sinks need the rolling cache (use_cache=True)")
-    _check_sampling(temperature, top_k, top_p, generator)
-    if pad is not None:
-        check_tensor(pad, "pad")
-    fed = prompt.shape[1] + max(max_new_tokens - 1, 0)  # the last new token is sampled, never fed back
-    if (not use_cache or (window is None and not sinks)) and fed > model.rotary.max_len:
-        raise ValueError(f"prompt has P = {prompt.shape[1]} tokens and max_new_tokens = {max_new_tokens}: positions "
-                         f"up to {fed - 1}, but the model covers max_positions = {model.rotary.max_len} (a rolling "
-                         "cache, window=..., has no such limit)")
-    if use_cache and window is None and not sinks and isinstance(max_len, int) and fed > max_len:
-        raise ValueError(f"prompt has P = {prompt.shape[1]} tokens and max_new_tokens = {max_new_tokens}: the cache "
-                         f"must hold {fed} tokens, but max_len = {max_len}")
-    with eval_mode(model):
-        return _generate(model, prompt, max_new_tokens, temperature, top_k, top_p, generator, use_cache, window,
-                         sinks, pad, absorbed, max_len)
-
-
-def _generate(model: DecoderLM, prompt: torch.Tensor, max_new_tokens: int, temperature: float,
-              top_k: Optional[int], top_p: Optional[float], generator: Optional[torch.Generator], use_cache: bool,
-              window: Optional[int], sinks: int, pad: Optional[torch.Tensor], absorbed: Optional[bool],
-              max_len: Optional[int]) -> torch.Tensor:
-    tokens = prompt
-    cache = model.new_cache(window, sinks, max_len) if use_cache else None
-    pad_row = None if pad is None else pad.to(prompt.device)
-    logits = model(prompt, cache, None if use_cache else window, pad=pad_row,
-                   absorbed=absorbed).logits[:, -1]  # prefill: (B, V)
-    for step in range(max_new_tokens):
-        nxt = sample_next_token(logits, temperature, top_k, top_p, generator)[:, None]  # (B, 1)
-        tokens = torch.cat([tokens, nxt], dim=1)
-        if step == max_new_tokens - 1:
-            break
-        if cache is not None:
-            logits = model(nxt, cache, absorbed=absorbed).logits[:, -1]  # decode: one token against the cache
-        else:
-            logits = model(tokens, window=window, pad=pad_row, absorbed=absorbed).logits[:, -1]  # recompute
-    return tokens

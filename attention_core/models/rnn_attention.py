@@ -41,7 +41,7 @@ LUONG_MODES = ("global", "local-m", "local-p")
 
 
 def _check_dim(x: object, name: str) -> int:
-    return check_int(x, name, low=1, type_text="an int", value_text=">= 1")
+    return check_int(x, name, low=1)
 
 
 def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: Optional[torch.Tensor],
@@ -170,7 +170,7 @@ def local_attention_weights(scores: torch.Tensor, center: torch.Tensor, window: 
     Returns:
         (B, L, S) weights.
     """
-    check_int(window, "window", low=0, type_text="an int (the half-width D)", value_text=">= 0 (the half-width D)")
+    check_int(window, "window", low=0, note="(the half-width D)")
     B, L, S = scores.shape
     if center.shape != (B, L):
         raise ValueError(f"center must be (B, L) = {(B, L)}, got shape {fmt_shape(center.shape)}")
@@ -220,7 +220,7 @@ class LuongAttention(nn.Module):
             raise ValueError(f"score must be one of {LUONG_SCORES}, got {score!r}")
         if mode not in LUONG_MODES:
             raise ValueError(f"mode must be one of {LUONG_MODES}, got {mode!r}")
-        check_int(window, "window", low=0, type_text="an int (the half-width D)", value_text=">= 0 (the half-width D)")
+        check_int(window, "window", low=0, note="(the half-width D)")
         if score == "dot" and query_dim != key_dim:
             raise ValueError(f"score='dot' needs query_dim == key_dim, got query_dim={query_dim} and "
                              f"key_dim={key_dim}; use score='general' or 'concat' for different sizes")

@@ -22,7 +22,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from attention_core._checks import check_int, check_real, check_tensor, fmt_shape, short_repr
-from attention_core.models.language_model import DecoderLM, KVCache, _check_drawable, _tempered_logits
+from attention_core.models.language_model import DecoderLM, KVCache
+from attention_core.models.sampling import _check_logits, _tempered_logits
 from attention_core.training.modes import eval_mode
 
 __all__ = ["SpeculativeStats", "acceptance_rates", "expected_tokens_per_step", "next_token_probs",
@@ -127,14 +128,8 @@ def next_token_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     the argmax (greedy). The scaling is the one :func:`~attention_core.models.language_model.sample_next_token`
     uses: a tiny temperature or huge logits give the greedy limit, never NaN; ``-inf`` logits get
     probability 0. Logits holding NaN or ``+inf``, or a row of only ``-inf``, are refused (no distribution)."""
-    check_tensor(logits, "logits")
-    if not logits.is_floating_point() or logits.dim() < 1 or logits.shape[-1] < 1:
-        raise ValueError(f"logits must be a floating (..., V) tensor with V >= 1, got {logits.dtype} "
-                         f"{fmt_shape(logits.shape)}")
+    _check_logits(logits, allow_posinf=False)  # the sampler's check: (..., V) floating, no NaN/+inf, a finite logit
     temperature = check_real(temperature, "temperature", low=0.0)
-    if logits.device.type == "meta":
-        raise ValueError("logits is a meta tensor: it has no values to turn into probabilities")
-    _check_drawable(logits)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
     return torch.softmax(_tempered_logits(logits, temperature), dim=-1).to(logits.dtype)

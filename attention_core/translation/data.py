@@ -111,8 +111,7 @@ def number_to_words(n: int, use_and: bool = True) -> List[str]:
     With ``use_and`` (British style) "and" follows "hundred" and precedes a final group below 100 when a
     higher group exists; without it (American style) no "and" appears.
     """
-    check_int(n, "n", low=0, high=10**MAX_DIGITS, high_open=True, type_text="an int",
-              value_text=f"in [0, 10**{MAX_DIGITS})")
+    check_int(n, "n", low=0, high=10**MAX_DIGITS, high_open=True)
     if n == 0:
         return ["zero"]
     groups = [(n // 1000**i) % 1000 for i in range(len(SCALES))]  # units, thousands, millions, billions
@@ -138,8 +137,7 @@ class NumberWords:
     """
 
     def __init__(self, max_digits: int = 12, zero_prob: float = 0.25, and_prob: float = 0.5) -> None:
-        check_int(max_digits, "max_digits", low=1, high=MAX_DIGITS, type_text="an int",
-                  value_text=f"in 1..{MAX_DIGITS}")
+        check_int(max_digits, "max_digits", low=1, high=MAX_DIGITS)
         for name, p in (("zero_prob", zero_prob), ("and_prob", and_prob)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
