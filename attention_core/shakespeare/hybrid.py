@@ -1,7 +1,8 @@
 """The trained comparison of chapter 12: softmax, sliding-window, linear and hybrid attention on tiny Shakespeare.
 
 Four recipes (:data:`HYBRID_RECIPES`) differ only in the attention of their two layers; the models have the same
-parameters, data, steps and seed. :func:`train_hybrid` trains one; the checkpoints (a few hundred KB each) live
+number of parameters, data, steps and seeds, and one learning rate, tuned for none of them (equal terms in size,
+data and steps only). :func:`train_hybrid` trains one; the checkpoints (a few hundred KB each) live
 in ``checkpoints/`` beside chapter 11's, with their sha256 and recipe in the same manifest.
 
 Command line (one CPU thread; writes the four checkpoints, or the ones named)::
