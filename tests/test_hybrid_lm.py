@@ -130,3 +130,35 @@ def test_empty_batches_and_sequences_give_empty_logits():
 def test_build_refuses_bad_configs_by_name(config, exc, words):
     with pytest.raises(exc, match=words):
         build_hybrid_lm(config)
+
+
+def test_seed_study_retrains_with_other_seeds_and_records_them(monkeypatch, tmp_path):
+    for name in ("hybrid_window", "hybrid_linear"):
+        monkeypatch.setitem(hy.HYBRID_RECIPES, name, replace(hy.HYBRID_RECIPES[name], steps=2, batch_size=2,
+                                                             context=16, warmup=1))
+    path = tmp_path / "seeds.json"
+    record = hy.seed_study([3, 1], ["hybrid_window", "hybrid_linear"], path=path)
+    assert record["seeds"] == [3, 1] and hy.load_seed_study(path) == record
+    recipe = hy.with_seed(hy.HYBRID_RECIPES["hybrid_linear"], 1)
+    assert (recipe.seed, recipe.data_seed) == (1, 2)
+    model, _ = hy.train_hybrid(recipe)
+    corpus_val = hy.load_corpus().val
+    assert record["val_loss"]["hybrid_linear"][1] == round(hy.evaluate_hybrid(model, corpus_val, 16), 4)
+    assert len(set(record["val_loss"]["hybrid_window"])) == 2  # another seed, another model
+    assert "seed" not in record["recipes"]["hybrid_window"] and record["recipes"]["hybrid_window"]["steps"] == 2
+    monkeypatch.setitem(hy.HYBRID_RECIPES, "hybrid_window", replace(hy.HYBRID_RECIPES["hybrid_window"], lr=1.0))
+    with pytest.raises(ValueError, match="rerun the study"):
+        hy.load_seed_study(path)
+    with pytest.raises(ValueError, match="distinct"):
+        hy.seed_study([1, 1], ["hybrid_linear"])
+    with pytest.raises(ValueError, match="names"):
+        hy.seed_study([1], ["hybrid_mamba"])
+    with pytest.raises(ValueError, match="seed"):
+        hy.with_seed(hy.HYBRID_RECIPES["hybrid_linear"], -1)
+
+
+def test_the_recorded_seed_study_is_of_the_shipped_recipes():
+    record = hy.load_seed_study()
+    assert sorted(record["recipes"]) == sorted(hy.HYBRID_RECIPES)
+    assert len(record["seeds"]) >= 5 and 0 not in record["seeds"]  # seed 0 is the shipped checkpoints'
+    assert all(1.5 < v < 3.0 for losses in record["val_loss"].values() for v in losses)

@@ -18,6 +18,7 @@ from attention_core.shakespeare.data import (
     bigram_loss,
     load_corpus,
     load_text,
+    ngram_loss,
     random_batch,
     unigram_loss,
 )
@@ -103,6 +104,34 @@ def test_baselines_match_a_count_by_hand() -> None:
     assert abs(bigram_loss(train, val, 3) - expected) < 1e-12
 
 
+def test_ngram_loss_counts_by_hand_and_matches_the_unigram_and_bigram() -> None:
+    train, val = torch.tensor([0, 1, 0, 1, 1, 2]), torch.tensor([1, 0, 1, 1])
+    # trigram, add-one, V = 3: val[1] = 0 from (1) alone (the row's start): after 1 come 0, 1, 2: (1 + 1) / (3 + 3);
+    # val[2] = 1 after (1, 0): once, followed by 1: (1 + 1) / (1 + 3); val[3] = 1 after (0, 1): twice, 0 and 1: 2 / 5
+    expected = -(math.log(2 / 6) + math.log(2 / 4) + math.log(2 / 5)) / 3
+    assert abs(ngram_loss(train, val, 3, 3) - expected) < 1e-12
+    # a context never seen predicts uniformly; alpha = 0.5 changes both counts
+    assert abs(ngram_loss(train, torch.tensor([2, 2, 0]), 3, 3) - math.log(3)) < 1e-12
+    expected = -(math.log(1.5 / 4.5) + math.log(1.5 / 2.5) + math.log(1.5 / 3.5)) / 3
+    assert abs(ngram_loss(train, val, 3, 3, alpha=0.5) - expected) < 1e-12
+    # rows are separate texts: each row's start backs off, and the mean runs over every predicted character
+    rows = torch.tensor([[1, 0, 1, 1], [2, 2, 0, 1]])
+    assert abs(ngram_loss(train, rows, 3, 3) - (ngram_loss(train, rows[0], 3, 3) + ngram_loss(train, rows[1], 3, 3)) / 2
+               ) < 1e-12
+    g = torch.Generator().manual_seed(0)
+    train, val = torch.randint(0, 7, (500,), generator=g), torch.randint(0, 7, (80,), generator=g)
+    assert abs(ngram_loss(train, val, 7, 1) - unigram_loss(train, val[1:], 7)) < 1e-12
+    assert abs(ngram_loss(train, val, 7, 2, alpha=0.3) - bigram_loss(train, val, 7, alpha=0.3)) < 1e-12
+    with pytest.raises(ValueError, match="n must be"):
+        ngram_loss(train, val, 7, 0)
+    with pytest.raises(ValueError, match="at least 2 ids"):
+        ngram_loss(train, val[:1], 7, 4)
+    with pytest.raises(ValueError, match="vocab_size \\*\\* n must fit"):
+        ngram_loss(train, val, 7, 30)
+    with pytest.raises(ValueError, match="val must be"):
+        ngram_loss(train, val.view(2, 2, 20), 7, 2)
+
+
 def test_bigram_beats_unigram_on_shakespeare(corpus) -> None:
     uni = unigram_loss(corpus.train, corpus.val, len(corpus.vocab))
     bi = bigram_loss(corpus.train, corpus.val, len(corpus.vocab))
@@ -146,7 +175,7 @@ def test_training_runs_repeat_and_lower_the_loss(corpus, tmp_path: Path) -> None
     assert torch.equal(loaded(x).logits, model(x).logits)
 
 
-@pytest.mark.parametrize("fn", [unigram_loss, bigram_loss])
+@pytest.mark.parametrize("fn", [unigram_loss, bigram_loss, lambda t, v, V: ngram_loss(t, v, V, 2)])
 def test_baselines_refuse_ids_outside_the_vocabulary(fn):
     with pytest.raises(ValueError, match=r"val must be ids in \[0, 5\)"):
         fn(torch.arange(5), torch.tensor([7, 1]), 5)

@@ -9,8 +9,8 @@ returning it, so a damaged or replaced file is refused with a message that says 
   validate on: no validation text is ever a neighbour of a training crop).
 - :func:`random_batch`: (inputs, targets) crops of ``context`` characters from a split; targets are the inputs
   shifted by one.
-- :func:`unigram_loss`, :func:`bigram_loss`: the cross-entropy of the two counting baselines, the numbers a
-  language model has to beat.
+- :func:`unigram_loss`, :func:`bigram_loss`, :func:`ngram_loss`: the cross-entropy of counting baselines
+  (a table of how often each character follows the previous ``n - 1``), the numbers a language model has to beat.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ __all__ = [
     "bigram_loss",
     "load_corpus",
     "load_text",
+    "ngram_loss",
     "random_batch",
     "repeat_random_tokens",
     "unigram_loss",
@@ -205,3 +206,51 @@ def bigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, alpha: 
     logp = counts.log() - counts.sum(1, keepdim=True).log()  # (V, V): row = current, column = next
     loss = -logp[val[:-1], val[1:]].mean()
     return float(loss) if math.isfinite(float(loss)) else math.inf
+
+
+def ngram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, n: int, alpha: float = 1.0) -> float:
+    """Cross-entropy (nats per character) on ``val`` of ``P(next | up to n - 1 previous)`` counted on ``train``.
+
+    ``val`` is one text (N,) or a batch of separate texts (B, N), as a language model is evaluated on blocks:
+    every character after the first of each row is predicted from the ``n - 1`` characters before it **in its
+    row**, or from all of them near the row's start (the table of that shorter order), so the table never sees
+    more than a model reading the same rows. Add-``alpha`` smoothing:
+    ``(count(context, next) + alpha) / (count(context) + alpha * vocab_size)``; a context never seen in ``train``
+    predicts uniformly. ``n = 2`` is :func:`bigram_loss`; ``n = 1`` is :func:`unigram_loss` on ``val[1:]``.
+    Counts are kept sparse (only the n-grams that occur in ``train``).
+    """
+    _check_ids(train, "train", vocab_size)
+    check_token_ids(val, "val", vocab_size, dtypes=(torch.int64, torch.int32), rank=val.dim() if
+                    isinstance(val, torch.Tensor) and val.dim() in (1, 2) else 1)
+    check_positive_int(n, "n")
+    check_real(alpha, "alpha", low=0, low_open=True)
+    if vocab_size ** n >= 2 ** 62:
+        raise ValueError(f"vocab_size ** n must fit in int64 codes, got {vocab_size} ** {n}")
+    rows = (val if val.dim() == 2 else val[None]).long()  # (B, N)
+    if rows.shape[1] < 2 or len(train) < n:
+        raise ValueError(f"val's rows must hold at least 2 ids and train at least n = {n}, got val of shape "
+                         f"{fmt_shape(val.shape)} and train of {len(train)}")
+
+    def codes(windows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(..., k + 1) windows -> base-V codes of their first k ids and of all k + 1."""
+        k = windows.shape[-1] - 1
+        context = torch.zeros(windows.shape[:-1], dtype=torch.long)
+        for j in range(k):
+            context = context * vocab_size + windows[..., j]
+        return context, context * vocab_size + windows[..., k]
+
+    def counts_of(table: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        keys, counts = torch.unique(table, return_counts=True)  # sorted
+        at = torch.searchsorted(keys, queries).clamp(max=len(keys) - 1)
+        return torch.where(keys[at] == queries, counts[at], 0).double()
+
+    N, nll, predicted = rows.shape[1], 0.0, 0
+    for k in range(n):  # k = characters of context; k < n - 1 only at position k of a row
+        first, last = max(k, 1), (N - 1 if k == n - 1 else min(k, N - 1))  # positions predicted with k
+        if first > last:
+            continue
+        seen_ctx, seen_full = codes(train.long().unfold(0, k + 1, 1))  # (T - k,)
+        ctx, full = codes(rows.unfold(1, k + 1, 1)[:, first - k : last - k + 1])  # (B, last - first + 1)
+        p = (counts_of(seen_full, full.flatten()) + alpha) / (counts_of(seen_ctx, ctx.flatten()) + alpha * vocab_size)
+        nll, predicted = nll - float(p.log().sum()), predicted + p.numel()
+    return nll / predicted
