@@ -246,8 +246,28 @@ def test_a_students_honest_tries(chapter, key) -> None:
             said = ex.evaluate(text)
             if kind == "right":
                 assert said.startswith(exercises.CORRECT), (chapter, key, text, said)
+            elif _is_a_coarser_rounding(text, exercises.decode_answer(encoded)):  # the method was right
+                assert said.startswith(f"{exercises.NOT_YET}. That is the answer rounded to "), (chapter, key, text)
+                assert said.endswith("until the last step.") and "the box's hint" not in said
             else:
                 assert said == f"{exercises.NOT_YET}. the box's hint", (chapter, key, kind, text, said)
+
+
+def _is_a_coarser_rounding(text: str, expected: float) -> bool:
+    """Whether ``text`` is ``expected`` rounded (half up or half to even) to fewer significant figures or
+    decimals than it has: worked out with decimal arithmetic, apart from the library's unit test."""
+    from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
+
+    typed, e = Decimal(text.replace(",", "")) if "/" not in text else None, Decimal(repr(expected))
+    if typed is None or typed == e:
+        return False
+    for places in range(-12, 16):
+        q = Decimal(1).scaleb(-places)
+        for how in (ROUND_HALF_UP, ROUND_HALF_EVEN):
+            r = e.quantize(q, rounding=how) if places >= 0 else (e / q).quantize(Decimal(1), rounding=how) * q
+            if r != e and r == typed:
+                return True
+    return False
 
 
 def test_thousands_separators_and_their_look_alikes() -> None:

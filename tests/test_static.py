@@ -153,7 +153,7 @@ for (const box of boxes) {
   verdicts.push(box.inputs.map((text) => {
     root.querySelector(".ac-answer-input").value = text;
     root.querySelector(".ac-answer-check").handler();
-    return root.querySelector(".ac-answer-feedback").textContent.includes("Correct");
+    return root.querySelector(".ac-answer-feedback").textContent;
   }));
 }
 process.stdout.write(JSON.stringify(verdicts));
@@ -163,8 +163,9 @@ process.stdout.write(JSON.stringify(verdicts));
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the site's script")
 def test_every_book_box_checks_in_the_page_as_it_does_in_the_kernel() -> None:
     """The static twin of each of the book's number boxes (run by node with a stand-in for the page) accepts and
-    refuses exactly what the kernel's box does: the answer, the forms the chapter writes, what its stated
-    precision refuses, the known mistakes, and values just inside and just outside its tolerance."""
+    refuses exactly what the kernel's box does, and tells a too coarsely rounded answer as it does: the answer,
+    the forms the chapter writes, what its stated precision refuses, the known mistakes, the student's tries,
+    and values just inside and just outside its tolerance."""
     import html as html_lib
     import json
     import subprocess
@@ -187,11 +188,23 @@ def test_every_book_box_checks_in_the_page_as_it_does_in_the_kernel() -> None:
         script = re.search(r"<script>(.*)</script>", markup, flags=re.S)[1]
         boxes.append({"answer": html_lib.unescape(attrs["answer"]), "why": attrs["why"], "script": script,
                       "inputs": inputs})
-        kernel.append([ex.accepts(text) for text in inputs])
+        kernel.append([_verdict(ex.evaluate(text)) for text in inputs])
     done = subprocess.run(["node", "-e", _NODE_HARNESS], input=json.dumps(boxes), capture_output=True, text=True,
                           check=True, timeout=60)
-    page = json.loads(done.stdout)
+    page = [[_verdict(text) for text in texts] for texts in json.loads(done.stdout)]
     for (chapter, key, _, _), box, k, p in zip(EXERCISES, boxes, kernel, page):
         differ = [(text, kk, pp) for text, kk, pp in zip(box["inputs"], k, p) if kk != pp]
         assert not differ, f"ch. {chapter} {key!r}: (input, kernel, page) disagree: {differ}"
-        assert k[0] and p[0]
+        assert k[0] == p[0] == "correct"
+    told = [v for verdicts in kernel for v in verdicts if v.startswith("rounded")]
+    assert len(told) >= 10, f"the tries include answers rounded too coarsely: {len(told)} told so"
+
+
+def _verdict(message: str) -> str:
+    """What a box said, as the kernel's and the page's messages can be compared: right, the answer rounded too
+    coarsely (with what was said), or not yet (the hint, a parse error)."""
+    if "Correct" in message:
+        return "correct"
+    if "rounded to" in message:
+        return "rounded: " + message.strip()
+    return "not yet"

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import ipywidgets as widgets
 import numpy as np
 
-from attention_core.booktools.static import StaticTwin, answer_box_html, quiz_html
+from attention_core.booktools.static import StaticTwin, answer_box_html, quiz_html, rounded_message
 
 __all__ = [
     "CORRECT",
@@ -244,6 +244,38 @@ def _with_precision(name: str, expected: float, digits: int | None, decimals: in
     return _label(name, f"(to {said})"), 0.5 * 10.0**exponent * (1 + 1e-9)
 
 
+def _coarser_roundings(expected: float, digits: int | None, decimals: int | None, exact: bool
+                       ) -> list[tuple[float, str]]:
+    """``(unit, text)`` for each precision coarser than the stated one at which rounding changes ``expected``,
+    finest first: a value that is a multiple of ``unit`` within half a unit of ``expected`` is the answer rounded
+    to ``text`` ("2 decimal places", "1 significant figure"), told apart from a wrong method by the hint."""
+    if not expected or not math.isfinite(expected):
+        return []
+    top = math.floor(math.log10(abs(expected)))
+    if decimals is not None:
+        cands = [(10.0**-k, f"{k} decimal place{'s' if k != 1 else ''}") for k in range(decimals - 1, -1, -1)]
+    else:
+        finest = digits - 1 if digits is not None else 15
+        cands = [(10.0 ** (top - k + 1), f"{k} significant figure{'s' if k > 1 else ''}")
+                 for k in range(finest, 0, -1)]
+    out = []
+    for unit, text in cands:
+        if unit <= 1e-9 * abs(expected):
+            continue
+        if abs(round(expected / unit) * unit - expected) > 1e-9 * max(1.0, abs(expected)):  # rounding changes it
+            out.append((unit, text))
+    return out
+
+
+def _rounded_to(x: float, expected: float, roundings: list[tuple[float, str]]) -> str | None:
+    """The text of the finest coarser precision at which ``x`` is ``expected`` rounded, or None (the page's script
+    applies the same test)."""
+    for unit, text in roundings:
+        if abs(x - round(x / unit) * unit) <= 1e-6 * unit and abs(x - expected) <= 0.5 * unit * (1 + 1e-9):
+            return text
+    return None
+
+
 def _label(name: str, precision: str) -> str:
     """``name`` with the precision said after it, or before its closing "=" ("f(0.9) (exact) =")."""
     if name.rstrip().endswith("="):
@@ -282,9 +314,13 @@ class ValueCheck(StaticTwin, widgets.VBox):
         exact: bool = False,
     ) -> None:
         self._expected = decode_answer(answer)
+        self.roundings: list[tuple[float, str]] = []  # coarser roundings of the answer, told apart in the hint
+        self.precision_said = ""
         if digits is not None or decimals is not None or exact is not False:  # the precision is stated
             name, atol = _with_precision(name, self._expected, digits, decimals, exact)
             rtol = 0.0
+            self.roundings = _coarser_roundings(self._expected, digits, decimals, exact)
+            self.precision_said = name[name.rindex("(") + 1 : name.rindex(")")]  # "to 3 decimal places", "exact"
         if isinstance(explanation, str) and explanation.startswith("act1:"):  # written encoded (encode_text)
             explanation = decode_text(explanation)
         self.encoded, self.name, self.rtol, self.atol = answer, name, rtol, atol
@@ -306,12 +342,17 @@ class ValueCheck(StaticTwin, widgets.VBox):
             return "Enter a single number (for example 0.25, 1e-3 or 1/4)."
         if self.accepts(answer):
             return f"{CORRECT}. {self.explanation}".strip()
+        x = float(_as_array(answer))
+        rounded = _rounded_to(x, self._expected, self.roundings) if math.isfinite(x) else None
+        if rounded is not None:  # the method is right: say what differs, not a mistake the reader did not make
+            return rounded_message(rounded, self.precision_said)
         return f"{NOT_YET}. {self.hint}".strip()
 
     def static_html(self) -> str:
         """The kernel-free version for the rendered site: a number box checked in the browser."""
         return answer_box_html(self.name, self.encoded, rtol=self.rtol, atol=self.atol,
-                               explanation=self.explanation, hint=self.hint).markup
+                               explanation=self.explanation, hint=self.hint, roundings=self.roundings,
+                               precision=self.precision_said).markup
 
     def _on_click(self, _button: Any = None) -> None:
         message = self.evaluate(self.answer.value)

@@ -22,7 +22,7 @@ import hashlib
 import html
 import io
 import json
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 __all__ = [
     "HTML",
@@ -202,14 +202,24 @@ def quiz_html(question: str, options: Sequence[str], answer_index: int, explanat
     return HTML(markup)
 
 
+def rounded_message(rounded: str, precision: str) -> str:
+    """What a number box says to the answer rounded coarser than it checks (the kernel's box and the page's)."""
+    checks = "the exact value" if precision == "exact" else precision
+    return (f"\u2717 Not yet. That is the answer rounded to {rounded}; this box checks {checks}: keep every digit "
+            "until the last step.")
+
+
 def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: float = 1e-6, explanation: str = "",
-                    hint: str = "") -> HTML:
+                    hint: str = "", roundings: Sequence[Tuple[float, str]] = (), precision: str = "") -> HTML:
     """A number box checked in the browser against an answer that stays hidden.
 
     ``encoded`` is the answer as :func:`attention_core.booktools.exercises.encode_answer` writes it (base64 of
     the number's text, reversed); the page decodes it only to compare (``|x - e| <= atol + rtol*|e|``). The
-    explanation, shown once the answer is right, is stored the same way.
+    explanation, shown once the answer is right, is stored the same way. ``roundings`` (``(unit, text)``, finest
+    first) and ``precision`` (what the box checks): a wrong value that is the answer rounded to a coarser unit is
+    told so, as the kernel's box tells it, instead of the hint.
     """
+    told = {text: rounded_message(text, precision) for _, text in roundings}
     if not isinstance(encoded, str) or not encoded.startswith("ac1:"):
         raise ValueError(f"encoded: expected an answer made by encode_answer ('ac1:...'), got {encoded!r}")
     uid = _uid("answer", prompt, encoded)
@@ -231,7 +241,15 @@ def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: floa
   root.querySelector(".ac-answer-check").addEventListener("click", function () {{
     var x = parse(input.value), e = Number(unhide(root.dataset.answer.slice(4)));
     var ok = isFinite(x) && Math.abs(x - e) <= {atol!r} + {rtol!r} * Math.abs(e);
-    out.textContent = ok ? " Correct. " + unhide(root.dataset.why) : " Not yet. " + {json.dumps(hint)};
+    var rounded = null, units = {json.dumps([[u, t] for u, t in roundings])}, told = {json.dumps(told)};
+    for (var i = 0; !ok && isFinite(x) && rounded === null && i < units.length; i++) {{
+      var u = units[i][0];
+      if (Math.abs(x - Math.round(x / u) * u) <= 1e-6 * u && Math.abs(x - e) <= 0.5 * u * (1 + 1e-9)) {{
+        rounded = told[units[i][1]];
+      }}
+    }}
+    out.textContent = ok ? " Correct. " + unhide(root.dataset.why)
+      : (rounded !== null ? " " + rounded : " Not yet. " + {json.dumps(hint)});
     out.style.color = ok ? "#009E73" : "#D55E00";
   }});
 """)
