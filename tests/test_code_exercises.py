@@ -1131,7 +1131,7 @@ def test_a_mistake_whose_own_output_has_another_shape_is_named():
     assert " has shape " in report.message and f"Hint: {mistake.hint}" in report.message, report.message
 
 
-def test_chunks_cut_with_torch_chunk_are_named():
+def test_ch16_chunks_cut_with_torch_chunk_are_named():
     """Chapter 16: a reader who cuts the 2P chunks with torch.chunk (ceil-sized chunks, fewer than 2P when L runs
     out) gets a hint that names torch.chunk, not only the shape that differs."""
     def zigzag_block_mask(L, P, q_rank, k_rank):
