@@ -1131,6 +1131,23 @@ def test_a_mistake_whose_own_output_has_another_shape_is_named():
     assert " has shape " in report.message and f"Hint: {mistake.hint}" in report.message, report.message
 
 
+def test_ch16_chunks_cut_with_torch_chunk_are_named():
+    """Chapter 16: a reader who cuts the 2P chunks with torch.chunk (ceil-sized chunks, fewer than 2P when L runs
+    out) gets a hint that names torch.chunk, not only the shape that differs."""
+    def zigzag_block_mask(L, P, q_rank, k_rank):
+        chunks = list(torch.chunk(torch.arange(L), 2 * P))
+        chunks += [torch.arange(0)] * (2 * P - len(chunks))  # a missing chunk is empty
+
+        def pos(r):
+            return torch.cat([chunks[r], chunks[2 * P - 1 - r]])
+        return pos(q_rank)[:, None] >= pos(k_rank)[None, :]
+
+    spec = ce.spec("ch16.zigzag_block_mask")
+    report = code_checks.check_function(zigzag_block_mask, spec)
+    assert report.status == "failed", report.message
+    assert "Hint: torch.chunk is not torch.tensor_split" in report.message, report.message
+
+
 def test_values_wrong_only_at_fully_masked_rows_are_said_so():
     def half_in_dead_rows(scores, mask):
         w = _worked_copy("ch02.masked_softmax")(scores, mask)

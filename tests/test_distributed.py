@@ -176,6 +176,46 @@ def test_nccl_children_select_their_own_gpu(monkeypatch) -> None:
         assert seen == want, seen
 
 
+def test_the_demo_with_nccl_selects_its_local_gpu_before_the_group(monkeypatch) -> None:
+    """``demo --backend nccl`` under torchrun calls torch.cuda.set_device(LOCAL_RANK) before it joins the group,
+    as launch.run's children do (no GPU here: the calls are recorded, and the group's start is where it stops)."""
+    from attention_core.distributed import demo
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.append(("set_device", d)))
+
+    def init(backend, *args, **kw):
+        seen.append(("init", backend))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(demo.dist, "init_process_group", init)
+    for backend, local, want in (("nccl", "2", [("set_device", 2), ("init", "nccl")]),
+                                 ("gloo", "1", [("init", "gloo")])):
+        seen.clear()
+        monkeypatch.setenv("LOCAL_RANK", local)
+        with pytest.raises(RuntimeError, match="stop here"):
+            demo.main(["--backend", backend])
+        assert seen == want, seen
+
+
+def test_the_timeline_legend_sits_above_rank_0s_bars() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from attention_core.booktools.distributed_views import plot_timeline
+
+    events = [("comm", 0.0, 1.0), ("compute", 0.1, 0.9), ("wait", 0.9, 1.0)]
+    fig = plot_timeline([{"events": events}] * 4)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent()
+    assert legend.y0 >= ax.get_window_extent().y1 - 1  # outside the axes, above them: over no bar
+    assert legend.y1 <= ax.title.get_window_extent().y0 + 1  # and under the title
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
 def test_peak_tensor_memory_counts_new_tensors_until_they_die() -> None:
     a = torch.zeros(1000)
     with PeakTensorMemory() as m:
@@ -325,6 +365,13 @@ def test_clear_errors_across_ranks(world) -> None:
                 assert "divisible by the world size 3" in msg and "(4)" in msg
             if what == "too_many_dims":  # one all-gather brought every rank's shapes: all refuse alike
                 assert f"got 17 dims on rank {P - 1}" in msg
+
+
+def test_the_ring_forward_holds_at_most_two_key_value_blocks() -> None:
+    """Besides its inputs, a rank holds the block it computes with and the one arriving, never a third: the
+    previous block's views are dropped before the next receive buffer is made (they were not: 3 on every rank)."""
+    case = dict(L=96 * 3, Hq=4, H=4, E=16, dtype="float32", is_causal=True, layout="zigzag")
+    assert launch.run(checks.forward_block_buffers, 3, case) == [2, 2, 2]
 
 
 def test_a_child_error_comes_back_with_its_traceback() -> None:

@@ -36,9 +36,15 @@ def torch_context_parallel(rank: int, world_size: int, case: Dict, is_causal: bo
 
 def chapter_run(rank: int, world_size: int, cfg: Dict) -> Dict:
     """Everything chapter 16 runs on its processes: equality cases, a timed run, peak memory per rank at each
-    world size of ``cfg["memory"]`` (subgroups of ranks 0..P-1)."""
+    world size of ``cfg["memory"]`` (subgroups of ranks 0..P-1); optionally the cases of ``cfg["bytes"]``
+    (``{P: cases}``, in the same subgroups) and the most key/value blocks alive at once in the ring's forward
+    pass (``cfg["fwd_blocks"]``, a case)."""
     out = {"compare": checks.compare_with_sdpa(rank, world_size, cfg["cases"])}
     out["timeline"] = checks.run_with_stats(rank, world_size, cfg["timeline"])
+    if "bytes" in cfg:
+        out["bytes"] = checks.compare_in_subgroups(rank, world_size, cfg["bytes"])
+    if "fwd_blocks" in cfg:
+        out["fwd_blocks"] = checks.forward_block_buffers(rank, world_size, cfg["fwd_blocks"])
     out["memory"] = checks.memory_in_subgroups(rank, world_size, cfg["memory"])
     return out
 
@@ -48,14 +54,14 @@ def plot_timeline(timelines: List[Dict], title: str = "ring attention, forward t
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 0.9 + 0.55 * len(timelines)), layout="constrained")
-    colors = {"comm": ("#BBBBBB", 0.25, 0.5), "compute": ("#0072B2", 0.0, 0.45), "wait": ("#D55E00", -0.25, 0.2)}
+    colors = {"comm": ("#BBBBBB", 0.5), "compute": ("#0072B2", 0.45), "wait": ("#D55E00", 0.2)}  # drawn in this order
     for r, t in enumerate(timelines):
-        for kind, (color, dy, h) in colors.items():
+        for kind, (color, h) in colors.items():
             spans = [(a, b - a) for k, a, b in t["events"] if k == kind]
-            ax.broken_barh(spans, (r - h / 2 + dy * 0, h), color=color, label=kind if r == 0 else None)
+            ax.broken_barh(spans, (r - h / 2, h), color=color, label=kind if r == 0 else None)
     ax.set_yticks(range(len(timelines)), [f"rank {r}" for r in range(len(timelines))])
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the call")
-    ax.set_title(title)
-    ax.legend(loc="upper right", ncol=3, fontsize=8)
+    ax.set_title(title, pad=22)  # room for the legend between the title and rank 0's bars
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)  # above the bars
     return fig

@@ -23,9 +23,13 @@ def _reference(L, P, q_rank, k_rank):
 
 def zigzag_positions_by(L: int, P: int, r: int, *, pair=None, sizes="split") -> torch.Tensor:
     """Rank r's positions with a chunk pairing ``pair(r, P)`` (default 2P-1-r) and chunk sizes as
-    ``tensor_split`` gives them, or equal sizes with the remainder in the last chunk (``sizes="floor"``)."""
+    ``tensor_split`` gives them, or equal sizes with the remainder in the last chunk (``sizes="floor"``), or as
+    ``torch.chunk`` cuts them, missing chunks empty (``sizes="chunk"``)."""
     if sizes == "split":
         chunks = torch.tensor_split(torch.arange(L), 2 * P)
+    elif sizes == "chunk":  # torch.chunk: chunks of ceil(L / 2P), and fewer than 2P of them when L runs out
+        chunks = list(torch.chunk(torch.arange(L), 2 * P))
+        chunks += [torch.arange(0)] * (2 * P - len(chunks))
     else:
         n = L // (2 * P)
         chunks = [torch.arange(i * n, (i + 1) * n if i < 2 * P - 1 else L) for i in range(2 * P)]
@@ -82,6 +86,9 @@ def build() -> FunctionSpec:
             Mistake("chunks are cut as torch.tensor_split cuts them: the first L % 2P chunks hold one more "
                     "position (not equal chunks with the rest at the end).",
                     lambda L, P, q, k: _mask(L, P, q, k, sizes="floor")),
+            Mistake("torch.chunk is not torch.tensor_split: it cuts chunks of ceil(L / 2P) positions, the last ones "
+                    "short or missing; tensor_split gives the first L % 2P chunks one more position.",
+                    lambda L, P, q, k: _mask(L, P, q, k, sizes="chunk")),
             Mistake("rows are queries, columns keys, and a query sees keys at or before it: q >= k, not q <= k.",
                     lambda L, P, q, k: _mask(L, P, q, k, transpose=True)),
             Mistake("local row numbers are not positions: a lower triangle of the block is the mask only when "

@@ -12,7 +12,7 @@ from attention_core.distributed.ring import CommStats, ring_attention
 from attention_core.distributed.ulysses import ulysses_attention
 from attention_core.functional import scaled_dot_product_attention
 
-__all__ = ["compare_with_sdpa", "make_inputs", "memory_in_subgroups", "peak_memory"]
+__all__ = ["compare_with_sdpa", "forward_block_buffers", "make_inputs", "memory_in_subgroups", "peak_memory"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -206,3 +206,31 @@ def memory_in_subgroups(rank: int, world_size: int, plan: Dict[int, Dict[str, Di
             gather_shapes([torch.zeros(1)], group)
             out[P] = {name: peak_memory(rank, P, case, group) for name, case in plan[P].items()}
     return out
+
+
+def forward_block_buffers(rank: int, world_size: int, case: Dict) -> int:
+    """The most tensor storages of one packed key/value block's size (keys and values of one shard, as the ring
+    sends them) alive at one time during this rank's ring attention forward pass, its inputs apart.
+
+    Use shapes where nothing else has that size (``Hq == H`` and ``Ev == E``: a query-sized tensor is half a
+    block) and equal shard lengths."""
+    from attention_core.distributed.measure import PeakTensorMemory
+
+    class _Count(PeakTensorMemory):
+        def __init__(self, size: int) -> None:
+            super().__init__()
+            self.size, self.most = size, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            self.most = max(self.most, sum(1 for nbytes, _ in self.live.values() if nbytes == self.size))
+            return out
+
+    q, k, v, _ = make_inputs(case)
+    layout = case.get("layout", "zigzag")
+    ql, kl, vl = (shard(t, 2, layout) for t in (q, k, v))
+    gather_shapes([torch.zeros(1)])  # the group's first collective, outside the measurement
+    with _Count((kl.numel() + vl.numel()) * kl.element_size()) as count:
+        out = ring_attention(ql, kl, vl, is_causal=case.get("is_causal", False), layout=layout)
+        del out
+    return count.most

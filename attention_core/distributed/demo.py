@@ -5,7 +5,9 @@
 Each rank builds the same seeded q, k, v (the whole sequence), keeps its shard, runs ring attention (and
 Ulysses when the heads divide), forward and backward, and rank 0 prints one line per rank: bytes sent, score
 tiles computed, time, and the largest error of the output and gradients against single-process
-``scaled_dot_product_attention``. gloo on CPUs; with CUDA and ``--backend nccl`` each rank uses ``cuda:LOCAL_RANK``.
+``scaled_dot_product_attention``. gloo on CPUs; with CUDA and ``--backend nccl`` each rank calls
+``torch.cuda.set_device(LOCAL_RANK)`` before it joins the group and puts its tensors on ``cuda:LOCAL_RANK`` (the
+tests record that call without a GPU; this path has not been run on GPUs).
 """
 
 from __future__ import annotations
@@ -53,9 +55,13 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
     p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     args = p.parse_args(argv)
+    device = "cpu"
+    if args.backend == "nccl":  # one GPU per process, selected before the group starts (as launch.run does)
+        local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
     dist.init_process_group(args.backend)
     rank, P = dist.get_rank(), dist.get_world_size()
-    device = f"cuda:{os.environ.get('LOCAL_RANK', rank)}" if args.backend == "nccl" else "cpu"
     case = {"L": args.length, "Hq": args.heads, "H": args.kv_heads, "E": args.head_dim, "dtype": args.dtype,
             "layout": args.layout, "is_causal": args.causal, "seed": 0}
     kinds = ["ring"] + (["ulysses"] if args.heads % P == 0 and args.kv_heads % P == 0 else [])

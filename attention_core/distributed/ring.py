@@ -225,12 +225,12 @@ def _ring_forward(ring, q, k, v, is_causal, scale, stats):
     for s in range(ring.size):
         src = (ring.rank - s) % ring.size
         pending = []
-        if s < ring.size - 1:
+        if s < ring.size - 1:  # the previous block is no longer referenced here: two blocks alive, not three
             m_next = ring.k_len((src - 1) % ring.size)
             nxt = kv.new_empty(B * H * m_next * (E + Ev))
             pending = _exchange(ring, [(kv, 0)], [(nxt, 0)], stats)
         m = ring.k_len(src)
-        kb, vb = _unpack(kv, (B, H, m, E), (B, H, m, Ev))
+        kb, vb = _unpack(kv, (B, H, m, E), (B, H, m, Ev))  # views of the block held now
         start = stats.now() if stats is not None else 0.0
         for q0, q1, k0, k1, causal in block_plan(mine, ring.k_segments(src), is_causal):
             o_b, l_b = forward_with_lse(q[:, :, q0:q1], kb[:, :, k0:k1], vb[:, :, k0:k1], causal, scale,
@@ -242,6 +242,7 @@ def _ring_forward(ring, q, k, v, is_causal, scale, stats):
         if stats is not None:
             stats.events.append(("compute", start, stats.now()))
         _finish(pending, stats)
+        del kb, vb  # the views would keep this block alive while the next step's receive buffer is made
         if pending:
             kv = nxt
     return out, lse

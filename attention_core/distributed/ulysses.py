@@ -1,11 +1,12 @@
 """DeepSpeed-Ulysses (Jacobs et al. 2023): trade the sequence split for a head split, attend, trade back.
 
-Each rank starts with its shard of the sequence for all H heads. One all-to-all gives every rank H/P heads
+Each rank starts with its shard of the sequence for all H heads. An all-to-all gives every rank H/P heads
 for the *whole* sequence; it runs ordinary attention on them (the library's ``scaled_dot_product_attention``,
-with the kernel ``backend=`` names);
-a second all-to-all on the output gives every rank its shard of the sequence back, all heads. Two all-to-alls
-per attention layer in the forward pass (q, k and v move in the first), and their mirror images in the
-backward. P cannot exceed the number of key/value heads: every rank needs whole heads.
+with the kernel ``backend=`` names); a last all-to-all on the output gives every rank its shard of the sequence
+back, all heads. The paper counts two all-to-alls per layer, q, k and v together in the first; this code makes
+four ``all_to_all_single`` calls in the forward pass, one each for q, k, v and the output (the same bytes as
+the paper's two), and their mirror images in the backward. P cannot exceed the number of key/value heads: every
+rank needs whole heads.
 """
 
 from __future__ import annotations
