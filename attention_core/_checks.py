@@ -143,14 +143,14 @@ def check_bool_flag(x: object, name: str) -> bool:
 
 
 def check_positive_int(x: object, name: str, allow_zero: bool = False) -> int:
-    """Return ``x`` if it is an int > 0 (or >= 0 with ``allow_zero``) that fits a tensor size; raise otherwise."""
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__} {short_repr(x)}")
-    if x < 0 or (x == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be {bound}, got {short_repr(x)}")
+    """Return ``x`` if it is an int >= 1 (>= 0 with ``allow_zero``) that fits a tensor size; raise otherwise.
+
+    :func:`check_int` with ``low=1`` (``low=0``) and the largest tensor size as its upper bound, in its one form:
+    ``"{name} must be an int >= 1, got ..."``.
+    """
+    x = check_int(x, name, low=0 if allow_zero else 1)
     if x > MAX_SIZE:
-        raise ValueError(f"{name} must be at most 2**63 - 1 (the largest tensor size), got {short_repr(x)}")
+        check_int(x, name, low=0 if allow_zero else 1, high=MAX_SIZE, note="(2**63 - 1, the largest tensor size)")
     return x
 
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from attention_core._checks import check_int, check_real
+from attention_core._checks import MAX_SIZE, check_int, check_positive_int, check_real
 
 
 @pytest.mark.parametrize("x", [1.0, "3", None, True, False, np.float64(2.0)])
@@ -54,6 +54,29 @@ def test_check_real_accepts_numbers_of_every_kind() -> None:
         check_real(math.inf, "t", low=0)
     with pytest.raises(ValueError, match="big must be a finite float"):
         check_real(10**400, "big")
+
+
+@pytest.mark.parametrize("x, allow_zero, exc", [
+    (0, False, ValueError), (-1, False, ValueError), (-1, True, ValueError),
+    (1.5, False, TypeError), (True, False, TypeError), ("3", True, TypeError), (None, False, TypeError),
+])
+def test_check_positive_int_speaks_check_ints_one_form(x, allow_zero, exc) -> None:
+    """check_positive_int is check_int with low=1 (low=0 with allow_zero): the same message, naming the
+    argument, the value seen and the bound, for a wrong type as for a wrong value."""
+    with pytest.raises(exc) as got:
+        check_positive_int(x, "n", allow_zero=allow_zero)
+    with pytest.raises(exc) as want:
+        check_int(x, "n", low=0 if allow_zero else 1)
+    assert str(got.value) == str(want.value), (str(got.value), str(want.value))
+    assert str(got.value).startswith(f"n must be an int >= {0 if allow_zero else 1}, got ")
+
+
+def test_check_positive_int_bounds_and_the_largest_tensor_size() -> None:
+    assert check_positive_int(1, "n") == 1 and check_positive_int(0, "n", allow_zero=True) == 0
+    assert check_positive_int(MAX_SIZE, "n") == MAX_SIZE
+    with pytest.raises(ValueError, match=r"^n must be an int in \[1, \d+\] \(2\*\*63 - 1, the largest tensor size\), "
+                                         r"got 9223372036854775808$"):
+        check_positive_int(MAX_SIZE + 1, "n")
 
 
 def test_check_int_and_check_real_have_no_per_call_site_text() -> None:

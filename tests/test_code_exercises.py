@@ -32,7 +32,20 @@ from attention_core import linear_attention as la  # noqa: E402
 from attention_core import low_precision as lp  # noqa: E402
 from attention_core.backends.reference import softmax_with_mask  # noqa: E402
 from attention_core.booktools import chapter_exercises as ce  # noqa: E402
-from attention_core.booktools import code_checks, exercises  # noqa: E402
+from attention_core.booktools import (  # noqa: E402
+    code_checks,
+    exercises,
+    exercises_at_scale,
+    exercises_beyond_dense,
+    exercises_decoder_lm,
+    exercises_explanation,
+    exercises_multi_head,
+    exercises_positional,
+    exercises_scoring,
+    exercises_self_attention,
+    exercises_serving,
+    exercises_vision,
+)
 from attention_core.booktools import exercises_low_precision as elp  # noqa: E402
 from attention_core.functional import masked_softmax as lib_masked_softmax  # noqa: E402
 from attention_core.models import language_model as lm  # noqa: E402
@@ -57,7 +70,8 @@ LIBRARY = "is not available while your"  # what a blocked library function says
 
 
 # ------------------------------------------------------------------------ a student's own copies of the helpers
-# The checker refuses every function of chapter_exercises while a submission runs (its helpers compute answers).
+# The checker refuses every function of the exercise modules while a submission runs (their helpers compute
+# answers).
 # A mutant that makes a known mistake runs a copy of the helper as a student would have typed it: the same code,
 # compiled outside that module's file.
 
@@ -99,10 +113,12 @@ def _copy(fn):
 
 
 class _Own:
-    """``own._linear`` and the like: a student's copy of a chapter_exercises helper."""
+    """``own._linear`` and the like: a student's copy of a helper of a chapter's exercise module."""
 
     def __getattr__(self, name):
-        return _outside(getattr(ce, name))
+        found = [vars(sys.modules[m])[name] for m in ce.SPEC_MODULES if name in vars(sys.modules[m])]
+        assert len(found) == 1, f"{name}: defined in {len(found)} exercise modules"
+        return _outside(found[0])
 
 
 own = _Own()
@@ -419,23 +435,23 @@ def _ch11_bottom_right(L, S, window):  # the decode mask as a mask_mod, evaluate
 ROUTES = {
     "ch02.masked_softmax": [_ch02_sdpa_identity, _ch02_sdpa_in_a_dict, _ch02_numpy_backend,
                             lambda s, m: ac.attention_weights(s, _EYE(s.shape[-1]), m, scale=1.0),
-                            lambda s, m: ce._softmax_guarded(s, m)],
+                            lambda s, m: exercises_scoring._softmax_guarded(s, m)],
     "ch03.bahdanau_weights": [lambda s, h, m, W, U, v: lib_masked_softmax(
         torch.tanh((s @ W.T)[:, None] + h @ U.T) @ v, m)],  # the library's masked softmax inside
     "ch05.causal_attention": [lambda q, k, v: _TORCH_IN_A_DICT["sdpa"](q, k, v, is_causal=True),
-                              lambda q, k, v: ce._causal(q, k, v)],
-    "ch06.causal_multi_head": [lambda *a: ce._mha(*a)],
-    "ch07.rope": [_ch07_private_rotation, lambda x, p: ce._rope(x, p)],
-    "ch09.merge_partials": [lambda *a: ce._merge(*a)],
-    "ch11.decode_mask": [_ch11_bottom_right, lambda L, S, w: ce._decode(L, S, w)],
-    "ch12.causal_linear_attention": [lambda q, k, v: ce._linear(q, k, v)],
-    "ch13.rollout": [lambda m: ce._rollout(m)],
+                              lambda q, k, v: exercises_self_attention._causal(q, k, v)],
+    "ch06.causal_multi_head": [lambda *a: exercises_multi_head._mha(*a)],
+    "ch07.rope": [_ch07_private_rotation, lambda x, p: exercises_positional._rope(x, p)],
+    "ch09.merge_partials": [lambda *a: exercises_at_scale._merge(*a)],
+    "ch11.decode_mask": [_ch11_bottom_right, lambda L, S, w: exercises_decoder_lm._decode(L, S, w)],
+    "ch12.causal_linear_attention": [lambda q, k, v: exercises_beyond_dense._linear(q, k, v)],
+    "ch13.rollout": [lambda m: exercises_explanation._rollout(m)],
     "ch14.patchify": [lambda x, p: F.unfold(x, p, stride=p).transpose(1, 2),
                       lambda x, p: torch.nn.Unfold(p, stride=p)(x).transpose(1, 2),
                       lambda x, p: _UNFOLD(x, p, stride=p).transpose(1, 2),
                       lambda x, p: _TORCH_IN_A_DICT["im2col"](x, (p, p), (1, 1), (0, 0), (p, p)).transpose(1, 2),
-                      lambda x, p: ce._patch_perm(x, p, (0, 2, 4, 1, 3, 5))],
-    "ch15.residual": [lambda p, q: ce._residual(p, q)],
+                      lambda x, p: exercises_vision._patch_perm(x, p, (0, 2, 4, 1, 3, 5))],
+    "ch15.residual": [lambda p, q: exercises_serving._residual(p, q)],
 }
 
 
@@ -839,7 +855,7 @@ def test_statement_example_and_edge_cases(key):
     text = "".join(cells[stub - 1]["source"])
     assert statement in text, f"{key}: the statement's example output {statement!r} is not in:\n{text}"
     if key == "ch09.merge_partials":  # the statement shows merge's own (o, m, l)
-        out = ce._merge(*spec.reader_args(spec.examples[0]))
+        out = exercises_at_scale._merge(*spec.reader_args(spec.examples[0]))
     else:
         out = spec.reference(*spec.examples[0])
     assert _fmt_example(out) == statement, (key, _fmt_example(out))
@@ -1225,3 +1241,68 @@ def test_drawn_inputs_belong_to_their_spec_and_go_with_it():
     gc.collect()
     assert key not in code_checks._DRAWN  # freed with its spec
     assert id(second) in code_checks._DRAWN
+
+
+# ------------------------------------------------------------------ the exercise modules' helpers are refused
+
+
+def _module_functions(name):
+    """The functions defined at the top level of module ``name`` (not those it imports)."""
+    mod = sys.modules[name]
+    return [obj for obj in vars(mod).values() if isinstance(obj, types.FunctionType) and obj.__module__ == name]
+
+
+def _call_with_placeholders(fn):
+    """Call ``fn`` with ``None`` for each required argument: the checker refuses the call when the function's
+    frame starts, before its body could trip over the placeholders."""
+    import inspect
+
+    args, kwargs = [], {}
+    for p in inspect.signature(fn).parameters.values():
+        if p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.kind == p.KEYWORD_ONLY:
+            kwargs[p.name] = None
+        else:
+            args.append(None)
+    return fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize("key", ce.EXERCISES)
+def test_every_helper_of_the_chapters_module_and_the_shared_module_is_refused(key):
+    """For every chapter, each function of the module that defines its exercise and of the shared helpers
+    module raises NotForThisExercise while the reader's function runs; the registry names both in the spec."""
+    spec = ce.spec(key)
+    own = ce._BUILDERS[key].__module__
+    shared = "attention_core.booktools.exercises_common"
+    assert own in spec.helpers and shared in spec.helpers, (key, spec.helpers)
+    checked = 0
+    for name in (own, shared):
+        functions = _module_functions(name)
+        assert functions, name
+        for fn in functions:
+            with code_checks.unavailable(spec):
+                with pytest.raises(code_checks.NotForThisExercise, match=LIBRARY):
+                    _call_with_placeholders(fn)
+            checked += 1
+    assert checked >= 2
+    # the whole route: a reader's function that reaches into either module gets the checker's refusal
+    builder, strategies = ce._BUILDERS[key], sys.modules[shared].strategies
+    for reach, module in [(lambda *a: builder(), own), (lambda *a: strategies(), shared)]:
+        report = code_checks.check_function(reach, spec)
+        assert report.status == "failed" and LIBRARY in report.message, (key, report.message)
+        assert f"{module}." in report.message, (key, report.message)
+
+
+def test_another_chapters_helper_is_refused_too():
+    """Chapter 2's masked softmax inside chapter 8's attention: one chapter's helper computes part of another's
+    answer, so every exercise module is unavailable to every exercise."""
+
+    def with_chapter_2s_softmax(q, k, v):
+        L = q.shape[-2]
+        s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (B, H, L, L)
+        return exercises_scoring._softmax_guarded(s, torch.ones(L, L, dtype=torch.bool).tril()) @ v
+
+    report = code_checks.check_function(with_chapter_2s_softmax, ce.spec("ch08.causal_attention"))
+    assert report.status == "failed" and "exercises_scoring._softmax_guarded" in report.message, report.message
+    assert set(ce.SPEC_MODULES) >= {fn.__module__ for fn in ce._BUILDERS.values()}

@@ -477,11 +477,11 @@ def test_the_classifier_on_an_empty_batch():
 
 
 @pytest.mark.parametrize("config,err,pattern", [
-    ({"vocab_size": 0}, ValueError, "vocab_size must be > 0"),
+    ({"vocab_size": 0}, ValueError, "vocab_size must be .*, got 0"),
     ({"vocab_size": 1.5}, TypeError, "vocab_size must be an int"),
     ({"vocab_size": 5, "seed": 1.5}, TypeError, r"config\['seed'\] must be an int"),
-    ({"vocab_size": 5, "hidden_dim": 0}, ValueError, "hidden_dim must be > 0"),
-    ({"vocab_size": 5, "num_classes": 0}, ValueError, "num_classes must be > 0"),
+    ({"vocab_size": 5, "hidden_dim": 0}, ValueError, "hidden_dim must be .*, got 0"),
+    ({"vocab_size": 5, "num_classes": 0}, ValueError, "num_classes must be .*, got 0"),
 ])
 def test_classifier_configs_are_checked_by_name(config, err, pattern):
     with pytest.raises(err, match=pattern):

@@ -59,13 +59,15 @@ RAISES = {
     # ------------------------------------------------------------------------------------------- masks
     # TypeError from torch.ones naming no argument ("argument 'size' failed to unpack")
     "causal_mask L beyond int64": (lambda: masks.causal_mask(BIG), ValueError,
-                                   r"L must be at most 2\*\*63 - 1 \(the largest tensor size\)"),
+                                   r"^L must be .*the largest tensor size"),
     # RuntimeError: value cannot be converted to type int64_t without overflow
-    "sliding_window L beyond int64": (lambda: masks.sliding_window_mask(BIG, 1), ValueError, r"L must be at most"),
+    "sliding_window L beyond int64": (lambda: masks.sliding_window_mask(BIG, 1), ValueError,
+                                      r"L must be .*the largest tensor size"),
     # RuntimeError: value cannot be converted to type int64_t without overflow / OverflowError
-    "padding_mask max_len beyond int64": (lambda: masks.padding_mask([], BIG), ValueError, r"max_len must be at most"),
+    "padding_mask max_len beyond int64": (lambda: masks.padding_mask([], BIG), ValueError,
+                                          r"max_len must be .*the largest tensor size"),
     "padding_mask max_len beyond float": (lambda: masks.padding_mask([], HUGE), ValueError,
-                                          r"max_len must be at most"),
+                                          r"max_len must be .*the largest tensor size"),
     # NotImplementedError: "min_all" not implemented for 'ComplexFloat' (found at 300 examples per function)
     "padding_mask complex lens": (lambda: masks.padding_mask(torch.tensor([1.0896 - 0.2075j]), 0), ValueError,
                                   r"valid_lens must be a 1-D integer tensor \(B,\), got shape \(1,\) and dtype "
@@ -97,7 +99,7 @@ RAISES = {
     # NotImplementedError: Could not run 'aten::empty.memory_format' with arguments from the 'XLA' backend
     "mha device without it": (lambda: mha(1, 1, device="xla"), ValueError, r"device 'xla' cannot be used"),
     # TypeError from torch.empty naming no argument
-    "mha embed_dim beyond int64": (lambda: mha(BIG, 1), ValueError, r"embed_dim must be at most 2\*\*63 - 1"),
+    "mha embed_dim beyond int64": (lambda: mha(BIG, 1), ValueError, r"embed_dim must be .*the largest tensor size"),
     # RuntimeError: Only Tensors of floating point and complex dtype can require gradients (probed by hand)
     "mha integer dtype": (lambda: mha(8, 2, dtype=torch.long), TypeError,
                           r"dtype must be a floating torch.dtype .*got torch.int64"),
@@ -142,8 +144,9 @@ RAISES = {
                              TypeError, r"query has dtype torch.float64 but the module's parameters"),
     # TypeError from torch.empty naming no argument
     "additive hidden_dim beyond int64": (lambda: scoring.AdditiveScore(1, 1, BIG), ValueError,
-                                         r"hidden_dim must be at most"),
-    "general key_dim beyond int64": (lambda: scoring.GeneralScore(1, BIG), ValueError, r"key_dim must be at most"),
+                                         r"hidden_dim must be .*the largest tensor size"),
+    "general key_dim beyond int64": (lambda: scoring.GeneralScore(1, BIG), ValueError,
+                                     r"key_dim must be .*the largest tensor size"),
     # ValueError "unknown score None" naming no argument
     "make_score None": (lambda: scoring.make_score(None), TypeError, r"name must be a str"),
     # ---------------------------------------------------------------------------------- kernel regression
@@ -166,10 +169,10 @@ RAISES = {
                               r"dtype must be a floating torch.dtype"),
     # RuntimeError: Storage size calculation overflowed / IntArrayRef ... cannot be represented as a SymInt
     "sinusoidal d_model beyond int64": (lambda: positional.sinusoidal_encoding(0, BIG), ValueError,
-                                        r"d_model must be at most"),
+                                        r"d_model must be .*the largest tensor size"),
     # OverflowError: int too big to convert
     "sinusoidal num_positions beyond float": (lambda: positional.sinusoidal_encoding(HUGE, 2), ValueError,
-                                              r"num_positions must be at most"),
+                                              r"num_positions must be .*the largest tensor size"),
     # RuntimeError: normal expects std >= 0.0, but found std -1
     "learned init_std negative": (lambda: positional.LearnedPositionalEmbedding(1, 1, init_std=-1), ValueError,
                                   r"init_std must be a finite float >= 0, got -1"),
@@ -178,7 +181,7 @@ RAISES = {
                               r"init_std must be a finite float >= 0"),
     # TypeError from torch.empty naming no argument
     "learned max_len beyond int64": (lambda: positional.LearnedPositionalEmbedding(BIG, 1), ValueError,
-                                     r"max_len must be at most"),
+                                     r"max_len must be .*the largest tensor size"),
     # ValueError naming head_dim, an argument of rotary_angles, not of apply_rotary
     "apply_rotary E=0": (lambda: positional.apply_rotary(e(0, 0)), ValueError,
                          r"x must have an even last dim E >= 2 \(RoPE rotates features in pairs\), got shape \(0, 0\)"),
@@ -190,7 +193,7 @@ RAISES = {
                                         TypeError, r"positions must be integer or floating, got dtype torch.complex64"),
     # ValueError naming "offset" for a bad key_offset (probed by hand)
     "rotary key_offset": (lambda: positional.RotaryEmbedding(4)(e(2, 4), e(2, 4), key_offset=-1), ValueError,
-                          r"key_offset must be >= 0, got -1"),
+                          r"key_offset must be .*, got -1$"),
     # RuntimeError: Tensor on device meta is not on the expected device cpu! (probed by hand)
     "sinusoidal layer meta input": (lambda: positional.SinusoidalPositionalEncoding(4)(
         torch.empty(1, 2, 4, device="meta")), ValueError, r"x is on meta but the sinusoidal table is on cpu"),

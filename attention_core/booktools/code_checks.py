@@ -18,7 +18,9 @@ calling it raises :class:`NotForThisExercise`, whose message says what to write.
   another backend, a module-level alias, a copy made with ``types.FunctionType`` all run code from there);
 - torch's functions that compute the whole answer (named in ``unavailable``; refused by identity as well, so an
   alias taken before the check is refused too);
-- the checker's own helpers (every function of the module that defines the exercise's reference);
+- the checker's own helpers: every function of the module that defines the exercise's reference or a known
+  mistake, and of the modules named in ``helpers`` (the registry names every chapter's exercise module and the
+  shared helpers module there);
 - the chapter's worked solution: the function the chapter's cell defines as ``<name>_solution``, refused by
   its code object's name when it runs (however it is reached: under that name, an alias taken before a
   ``del``, a ``functools.partial``, a class whose ``__call__`` is it); the name in the reader's namespace is
@@ -85,6 +87,9 @@ class FunctionSpec:
             chapter's worked solution, ``<name>_solution``, always is.
         forbidden_modules: dotted module or package names whose Python functions are unavailable while the
             reader's function runs (where the library computes the answer, under any of its names).
+        helpers: dotted names of book-tools modules whose functions are the checker's own helpers (references,
+            known mistakes, shared input helpers), unavailable while the reader's function runs; the module
+            that defines the reference or a mistake is unavailable whether named here or not.
         task: what the exercise asks the reader to write, for the message of an unavailable function.
         mistakes: known plausible mistakes, for the hint of a failure report.
         prepare: generated arguments -> the reader's arguments (default: the same).
@@ -104,6 +109,7 @@ class FunctionSpec:
     unavailable: tuple[str, ...] = ()
     unavailable_globals: tuple[str, ...] = ()
     forbidden_modules: tuple[str, ...] = ()
+    helpers: tuple[str, ...] = ()
     task: str = ""
     mistakes: tuple[Mistake, ...] = ()
     prepare: Callable[..., tuple] | None = None
@@ -465,14 +471,15 @@ def _module_files(name: str) -> tuple[str, ...]:
 
 def _forbidden_files(spec: FunctionSpec) -> tuple[tuple[str, ...], dict[str, str]]:
     """``(file prefixes, {file: module name})`` of the code unavailable while the reader's function runs: the
-    spec's forbidden modules, and the book-tools module that defines the exercise (its helpers, its known
-    mistakes: chapter_exercises for the chapters' exercises)."""
+    spec's forbidden modules, its helper modules, and the book-tools module that defines the exercise's
+    reference and known mistakes (the checker's own helpers compute the answers)."""
     files: list[str] = []
     names: dict[str, str] = {}
-    for name in spec.forbidden_modules:
+    for name in (*spec.forbidden_modules, *spec.helpers):
         for f in _module_files(name):
-            files.append(f)
-            names[f] = name
+            if f not in names:
+                files.append(f)
+                names[f] = name
     booktools = os.path.dirname(os.path.realpath(__file__))
     for helper in (spec.reference, *(m.fn for m in spec.mistakes)):
         own = getattr(getattr(helper, "__code__", None), "co_filename", None)

@@ -433,7 +433,8 @@ def quiz(
 
 
 # ------------------------------------------------------------------------------------------ code exercises
-# The machinery lives in code_checks; the chapters' exercises in chapter_exercises.
+# The machinery lives in code_checks; the chapters' exercises in their exercises_<chapter> modules, registered in
+# chapter_exercises.
 
 from attention_core.booktools.code_checks import CheckReport as CheckReport  # noqa: E402
 from attention_core.booktools.code_checks import FunctionSpec as FunctionSpec  # noqa: E402

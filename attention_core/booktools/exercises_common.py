@@ -1,0 +1,66 @@
+"""What every chapter's code-exercise module shares: input strategies, library references, shared names.
+
+Each chapter's exercise lives in its own module (``exercises_<chapter>.py``: its reference, its inputs and its
+known mistakes) and is registered in :mod:`~attention_core.booktools.chapter_exercises`. Every function here,
+like every function of a chapter's module, is one of the checker's own helpers: unavailable while a reader's
+function runs (see :func:`~attention_core.booktools.code_checks.unavailable`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["ATTENTION_MODULES", "NEG_INF", "T", "TORCH_ATTENTION", "draw_values", "library_reference", "rows_mask",
+           "strategies"]
+
+T = torch.tensor
+NEG_INF = float("-inf")
+
+
+#: Where the library computes attention whole (any backend, any wrapper): unavailable to every exercise that
+#: asks for a softmax or an attention to be written by hand.
+ATTENTION_MODULES = ("attention_core.functional", "attention_core.backends", "attention_core.multihead",
+                     "attention_core.flex_attention", "attention_core.paged_attention", "attention_core.models")
+#: torch's own attention, under the names a student finds (its bindings included).
+TORCH_ATTENTION = ("torch.nn.functional.scaled_dot_product_attention", "torch._C._nn.scaled_dot_product_attention",
+                   "torch.ops.aten.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward")
+
+
+def strategies() -> Any:
+    """``hypothesis.strategies``, imported when an exercise's inputs are built (the book extra installs it)."""
+    from hypothesis import strategies as st
+
+    return st
+
+
+def draw_values(draw: Any, shape: tuple, lo: float, hi: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A tensor of ``shape`` with entries drawn in [lo, hi] (at float32's or float64's width)."""
+    st = strategies()
+    n = math.prod(shape)
+    width = 32 if dtype == torch.float32 else 64
+    return T(draw(st.lists(st.floats(lo, hi, width=width), min_size=n, max_size=n)), dtype=dtype).view(shape)
+
+
+def rows_mask(draw: Any, L: int, S: int) -> torch.Tensor:
+    """(L, S) bool: each row all kept, all masked, or random (so that both kinds of full row appear)."""
+    st = strategies()
+    rows = []
+    for _ in range(L):
+        kind = draw(st.sampled_from(["random", "random", "all", "none"]))
+        rows.append([kind == "all"] * S if kind != "random" else draw(st.lists(st.booleans(), min_size=S, max_size=S)))
+    return T(rows, dtype=torch.bool)
+
+
+def library_reference(path: str) -> Callable[..., Any]:
+    """A reference that looks the library function up when called (so a test can patch it)."""
+
+    def call(*args: Any) -> Any:
+        from attention_core.booktools.code_checks import _resolve
+
+        return _resolve(path)[2](*args)
+
+    call.__name__ = path.rsplit(".", 1)[-1]
+    return call

@@ -1,0 +1,89 @@
+"""Chapter 2's code exercise (``ch02.masked_softmax``): a softmax over the kept keys, zeros where none is kept.
+
+Its inputs reach scores beyond ``exp``'s float32 range and fully masked rows; its known mistakes are the
+chapter's warnings (NaN rows, -1e9 for -inf, no max subtraction, zeroing after the softmax, the mask's sense).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attention_core.booktools.code_checks import FunctionSpec, Mistake
+from attention_core.booktools.exercises_common import (
+    ATTENTION_MODULES,
+    NEG_INF,
+    TORCH_ATTENTION,
+    T,
+    draw_values,
+    library_reference,
+    rows_mask,
+    strategies,
+)
+
+__all__ = ["build"]
+
+
+def _softmax_naive(scores, mask):
+    return torch.softmax(scores.masked_fill(~mask, NEG_INF), dim=-1)
+
+
+def _softmax_1e9(scores, mask):
+    return torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1)
+
+
+def _softmax_no_max(scores, mask):
+    e = torch.exp(scores) * mask
+    s = e.sum(-1, keepdim=True)
+    return torch.where(s > 0, e / s, torch.zeros_like(e))
+
+
+def _softmax_not_renormalised(scores, mask):
+    return torch.softmax(scores, dim=-1) * mask
+
+
+def _softmax_inverted(scores, mask):
+    return _softmax_guarded(scores, ~mask)
+
+
+def _softmax_guarded(scores, mask):
+    dead = ~mask.any(dim=-1, keepdim=True)
+    w = torch.softmax(scores.masked_fill(~mask, NEG_INF).masked_fill(dead, 0.0), dim=-1)
+    return w.masked_fill(dead, 0.0)
+
+
+def build() -> FunctionSpec:
+    st = strategies()
+
+    @st.composite
+    def scores_and_masks(draw):
+        L, S = draw(st.integers(1, 4)), draw(st.integers(1, 5))
+        scale = draw(st.sampled_from([1.0, 1.0, 1.0, 40.0]))  # x 40: beyond exp's float32 range (~88)
+        return draw_values(draw, (L, S), -5, 5) * scale, rows_mask(draw, L, S)
+
+    return FunctionSpec(
+        "masked_softmax", library_reference("attention_core.masked_softmax"), scores_and_masks(), atol=1e-6, rtol=1e-5,
+        max_examples=50, arg_names=("scores", "mask"),
+        examples=(
+            (T([[0.0, 0.0, 5.0], [1.0, 2.0, 3.0]]), T([[True, True, False], [False, False, False]])),  # statement
+            (T([[100.0, 99.0, -100.0]]), T([[True, True, True]])),  # exp(100) overflows float32
+            (T([[-200.0, -199.0, 200.0]]), T([[True, True, False]])),  # the largest score is a masked one
+            (T([[2.0]]), T([[False]])),  # length 1, masked
+            (T([[2.0]]), T([[True]])),  # length 1, kept
+        ),
+        unavailable=("attention_core.masked_softmax", "attention_core.functional.masked_softmax",
+                     "attention_core.backends.reference.softmax_with_mask", *TORCH_ATTENTION),
+        unavailable_globals=("guarded_softmax",),
+        forbidden_modules=ATTENTION_MODULES,
+        task="to write the masked softmax yourself (an attention function such as scaled_dot_product_attention "
+             "computes it whole)",
+        mistakes=(
+            Mistake("a row whose keys are all masked: softmax of all -inf is NaN, and that row must be zeros.",
+                    _softmax_naive),
+            Mistake("-1e9 is not -inf: a fully masked row then gets equal weights instead of zeros.", _softmax_1e9),
+            Mistake("exp of a large score overflows to inf: subtract each row's maximum first (as torch.softmax "
+                    "does).", _softmax_no_max),
+            Mistake("zeroing masked weights after the softmax leaves rows that no longer sum to 1.",
+                    _softmax_not_renormalised),
+            Mistake("mask is True where a (query, key) pair takes part, not where it is masked.", _softmax_inverted),
+        ),
+    )
