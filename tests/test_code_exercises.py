@@ -920,6 +920,20 @@ def test_ch18_one_scale_per_row_is_named() -> None:
     assert report.status == "failed" and "not one per row" in report.message, report.message
 
 
+def test_ch18_amax_without_abs_is_named() -> None:
+    """A reader's scale from the block's largest x (no abs) is told to take the largest |x|."""
+    def no_abs(x, block):
+        out = torch.empty_like(x)
+        for r0 in range(0, x.shape[0], block):
+            amax = x[r0:r0 + block].amax()  # the mistake: a negative outlier does not count
+            scale = amax / 448 if amax != 0 else torch.ones_like(amax)
+            out[r0:r0 + block] = (x[r0:r0 + block] / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+        return out
+
+    report = code_checks.check_function(no_abs, ce.spec("ch18.fake_quantize_blocks"))
+    assert report.status == "failed" and "not its largest x" in report.message, report.message
+
+
 def test_the_pages_worked_solution_is_unavailable_to_the_reader():
     """Chapter 18's folded worked solution runs in the reader's namespace: a function calling it is refused."""
     page = {"torch": torch}  # the notebook's globals: its worked-solution cell, then the reader's cell

@@ -90,8 +90,9 @@ MISTAKES: dict[tuple[str, str], list[float]] = {
     ("15", "tokens per step"): [5.0, 4 * 0.8, (1 - 0.8**4) / (1 - 0.8), 1 + 4 * 0.8**4],
     # P steps instead of P - 1; keys only; the whole sequence's block; float32; forward and backward
     ("16", "MiB per device"): [128.0, 56.0, 896.0, 224.0, 112.0 * 2 + 128.0],
-    # one below (64 * 31^2 = 61504 fits); one above; the scaled score 8 c^2 > 65504; c^2 > 65504 without E
-    ("18", "smallest c"): [31.0, 33.0, 91.0, 256.0],
+    # one below (64 * 31^2 = 61504 fits); one above; the scaled score 8 c^2 > 65504; c^2 > 65504 without E;
+    # the root sqrt(65520 / 128) = 22.62 not taken to the next integer (typed as it is, or rounded up or down)
+    ("18", "smallest c"): [31.0, 33.0, 91.0, 256.0, 22.6, "22.63", 23.4],
 }
 
 

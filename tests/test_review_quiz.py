@@ -118,3 +118,13 @@ def test_the_checks_can_fail() -> None:
     assert sum(len(q["options"][q["answer"]]) >= max(map(len, q["options"])) for q in skewed) > n / 4
     counts = Counter(min(q["answer"], 2) for q in REVIEW_QUIZZES)  # the last slot never used
     assert any(abs(counts[s] - n / 4) > 1 for s in range(4))
+
+
+def test_the_rotation_question_gives_the_measured_mechanism() -> None:
+    """Chapter 18's fixed-scale control refutes "no single entry sets the tensor's scale" as the reason the Hadamard
+    rotation lowers the FP8 error: the hidden explanation must give the measured one (where the error lands)."""
+    rotation = [q for q in REVIEW_QUIZZES if "Hadamard" in q["question"]]
+    assert len(rotation) == 1
+    text = rotation[0]["explanation"]
+    assert "sets the tensor's scale" not in text, text
+    assert "fixed scale" in text and "one product" in text and "relative" in text, text

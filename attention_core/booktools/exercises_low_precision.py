@@ -21,7 +21,7 @@ _E4M3 = torch.float8_e4m3fn
 
 def fake_quantize_blocks_mistake(x: torch.Tensor, block: int, *, fmax: float = 448.0, guard: bool = True,
                                  per_tensor: bool = False, dtype: torch.dtype = _E4M3, along: int = -2,
-                                 skip_cast: bool = False) -> torch.Tensor:
+                                 skip_cast: bool = False, signed_amax: bool = False) -> torch.Tensor:
     """A quantiser with one switch per known mistake (the defaults give the right answer)."""
     xc = x.double() if x.dtype == torch.float64 else x.float()
     if along == -1:
@@ -32,6 +32,8 @@ def fake_quantize_blocks_mistake(x: torch.Tensor, block: int, *, fmax: float = 4
     for r0 in range(0, L, block):
         part = xc[..., r0:r0 + block, :]
         amax = whole if per_tensor else (part.abs().amax() if part.numel() else part.new_zeros(()))
+        if signed_amax and part.numel():
+            amax = part.amax()  # the largest x, not the largest |x|
         scale = amax / fmax
         if guard and amax == 0:
             scale = torch.ones_like(scale)
@@ -78,6 +80,7 @@ def ch18_spec() -> FunctionSpec:
             (T([[1.0, 2.0], [300.0, 0.01], [0.3, 0.7]]), 1),  # an outlier row: per-row scales
             (T([[1e-3, 2e-3, 3e-3], [5000.0, 1.0, -1.0]]), 1),  # tiny values need their own scale
             (T([[0.1, 0.2], [0.3, 0.4], [1000.0, 1.0]], dtype=torch.float64), 2),  # ragged last block, an outlier
+            (T([[-500.0, 1.0], [2.0, -0.5]]), 2),  # the block's largest |x| is negative
         ),
         dtype=("x's dtype", lambda x, block: x.dtype),
         unavailable=("attention_core.low_precision.fake_quantize", "attention_core.low_precision.quantize_fp8"),
@@ -96,6 +99,8 @@ def ch18_spec() -> FunctionSpec:
                     lambda x, b: fake_quantize_blocks_mistake(x, b, dtype=torch.float8_e5m2)),
             Mistake("blocks are consecutive rows (dim -2, the sequence), not columns.",
                     lambda x, b: fake_quantize_blocks_mistake(x, b, along=-1)),
+            Mistake("take the block's largest |x| (amax of x.abs()), not its largest x: a negative outlier sets "
+                    "the scale too.", lambda x, b: fake_quantize_blocks_mistake(x, b, signed_amax=True)),
             Mistake("cast the scaled values to float8_e4m3fn and back: without the cast nothing is rounded.",
                     lambda x, b: fake_quantize_blocks_mistake(x, b, skip_cast=True)),
         ),
