@@ -270,6 +270,9 @@ def test_top_p_at_its_boundaries() -> None:
     logits = torch.tensor([[2.0, 2.0, 0.0, -math.inf]])
     assert torch.equal(filter_top_p(logits, 1.0), logits)  # p = 1: every token
     assert torch.isfinite(filter_top_p(logits, 1e-9)).sum() == 1  # tiny p: the most likely token only
+    # a p below float32's range (0 once compared with float32 masses): still the most likely token, never none
+    assert torch.isfinite(filter_top_p(torch.tensor([[15.41]]), 1.8671296365308567e-270)).sum() == 1
+    assert torch.isfinite(filter_top_p(logits, 5e-324)).sum() == 1
     for p, err in ((0.0, ValueError), (1.5, ValueError), (math.nan, ValueError), (-0.1, ValueError),
                    (math.inf, ValueError), ("0.5", TypeError), (None, TypeError)):
         with pytest.raises(err, match="top_p must be a float in"):

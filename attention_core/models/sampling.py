@@ -89,6 +89,7 @@ def _filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     probs, order = logits.softmax(-1).sort(dim=-1, descending=True)  # (..., V) each
     before = probs.cumsum(-1) - probs  # probability mass of the more likely tokens
     drop_sorted = before >= p  # the set already reached p without this token
+    drop_sorted[..., 0] = False  # the most likely token always stays (a p below float32's range compares as 0)
     drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
 
