@@ -135,6 +135,28 @@ def test_speculative_with_itself_as_draft_accepts_everything() -> None:
     assert out.shape == (1, 31)
 
 
+def test_call_counts_are_the_model_calls_made() -> None:
+    """``target_calls`` and ``draft_calls`` count every forward call after the prompt, including the draft's
+    extra call after a step that kept every draft (a draft identical to the target keeps them all)."""
+    import copy
+
+    target, draft = _tiny_models()
+    for d in (draft, copy.deepcopy(target)):
+        seen = {"target": 0, "draft": 0}
+        hooks = [m.register_forward_hook(lambda *_, k=k, s=seen: s.__setitem__(k, s[k] + 1))
+                 for k, m in (("target", target), ("draft", d))]
+        try:
+            _, stats = speculative_generate(target, d, torch.tensor([[3]]), 30, gamma=3, temperature=1.0,
+                                            generator=torch.Generator().manual_seed(0))
+        finally:
+            for h in hooks:
+                h.remove()
+        assert stats.target_calls == seen["target"] == len(stats.tokens_per_step)
+        full = sum(n == 4 for n in stats.tokens_per_step)
+        assert stats.draft_calls == seen["draft"] == 3 * len(stats.tokens_per_step) + full
+    assert full >= 5  # the identical draft did take the extra-call branch
+
+
 def test_real_model_first_token_distribution() -> None:
     """At a fixed prefix, 20,000 speculative first tokens of two real (untrained) models follow the target."""
     target, draft = _tiny_models()

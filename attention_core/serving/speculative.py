@@ -185,8 +185,8 @@ class SpeculativeStats:
     tokens_per_step: List[int] = field(default_factory=list)
     betas: List[float] = field(default_factory=list)
     first_betas: List[float] = field(default_factory=list)
-    target_calls: int = 0
-    draft_calls: int = 0
+    target_calls: int = 0  # calls after the prompt (one per step)
+    draft_calls: int = 0  # calls after the prompt: gamma per step, plus one after a step that kept every draft
 
     @property
     def alpha(self) -> float:
@@ -304,5 +304,6 @@ def _speculative_generate(target, draft, prompt, max_new_tokens, gamma, temperat
         _truncate(t_cache, keep)
         if n - 1 == gamma:  # every draft kept: the draft never saw its own last draft
             draft(d_tokens[-1][None, None], d_cache)
+            stats.draft_calls += 1
         _truncate(d_cache, keep)
     return torch.tensor([out[: P + max_new_tokens]], device=device), stats
