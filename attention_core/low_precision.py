@@ -317,7 +317,7 @@ class Recipe:
         return torch.float64 if self.inputs == "fp64" else torch.float32
 
 
-#: The recipes the chapter compares. "fp8 baseline" is our reading of FlashAttention-3's FP8 baseline: its
+#: The recipes the chapter compares. "fp8 baseline" is our reading of FlashAttention-3's FP8 baseline, whose
 #: section 4.3 gives per-tensor scales, float32 accumulation and softmax intermediates in fp16 without saying
 #: which intermediates, so this recipe rounds the running max and the running sum to fp16.
 RECIPES = {

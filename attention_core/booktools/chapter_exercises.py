@@ -8,7 +8,7 @@ empty windows, the window's exact edge, length 1, scores large enough to overflo
 Its :class:`~attention_core.booktools.code_checks.Mistake` list names the chapter's plausible mistakes, so that
 a reader whose output matches one gets a one-line hint.
 
-Every function of those modules computes answers (references, known mistakes, helpers): :func:`spec` names
+Every function of those modules computes answers (references, known mistakes, helpers): ``spec()`` names
 them all in the spec's ``helpers``, so that none is available while a reader's function runs.
 """
 

@@ -1,5 +1,5 @@
 """Chapter 9's code exercise (``ch09.merge_partials``): merging two blocks' partial softmax results
-(o, m, l), as FlashAttention's online softmax does; :func:`partial_softmax` makes the blocks.
+(o, m, l), as FlashAttention's online softmax does; ``partial_softmax`` makes the blocks.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Chapter 11's exercises: the decode-step mask (``ch11.decode_mask``, a code exercise) and the loss rise
-of a shorter rolling window (exercise 3: :func:`window_loss_rise` and its check :func:`check_window_rise`).
+of a shorter rolling window (exercise 3: ``window_loss_rise`` and its check ``check_window_rise``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 With a key/value cache the prompt is prefilled once and every new token decoded alone against the cache; without,
 every step recomputes the model over the whole text. :func:`generate` checks its arguments once; the loop then
-calls the unchecked sampling core (:func:`attention_core.models.sampling._sample`) at every token, after a check
+calls the unchecked sampling core (``attention_core.models.sampling._sample``) at every token, after a check
 of the values of the model's logits (no NaN or ``+inf``, a finite logit per row).
 
 :mod:`attention_core.models.language_model` re-exports :func:`generate`, so this module does not import the model

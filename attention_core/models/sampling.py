@@ -1,9 +1,9 @@
 """Sampling the next token from a language model's logits: greedy, temperature, top-k and top-p (nucleus).
 
-Every public function checks its arguments once (:func:`_check_logits`, :func:`_check_sampling`) and then calls
-an unchecked core (:func:`_filter_top_k`, :func:`_filter_top_p`, :func:`_sample`);
+Every public function checks its arguments once (``_check_logits``, ``_check_sampling``) and then calls
+an unchecked core (``_filter_top_k``, ``_filter_top_p``, ``_sample``);
 :func:`attention_core.models.generation.generate` checks its settings once and calls the cores at every token.
-:func:`_tempered_logits` is the one place a temperature scales logits, for the sampler and for serving's
+``_tempered_logits`` is the one place a temperature scales logits, for the sampler and for serving's
 :func:`~attention_core.serving.speculative.next_token_probs`. Draws come from a seeded ``torch.Generator`` so
 that a generation repeats exactly; greedy choices draw nothing.
 """
@@ -44,7 +44,7 @@ def _check_logits(logits: object, name: str = "logits", *, rank: Optional[int] =
 
 
 def _check_values(logits: torch.Tensor, name: str, allow_posinf: bool) -> None:
-    """The values part of :func:`_check_logits` (also run on the model's logits at every generated token)."""
+    """The values part of ``_check_logits`` (also run on the model's logits at every generated token)."""
     if not logits.numel():
         return
     flat = logits.reshape(-1, logits.shape[-1])  # (rows, V)
@@ -61,7 +61,7 @@ def _check_values(logits: torch.Tensor, name: str, allow_posinf: bool) -> None:
 def _check_sampling(temperature: object, top_k: object, top_p: object, generator: object
                     ) -> tuple[float, Optional[int], Optional[float]]:
     """Validate the sampling settings (before any work); return ``(temperature, top_k, top_p)``, the reals as
-    floats, for the unchecked :func:`_sample`."""
+    floats, for the unchecked ``_sample``."""
     temperature = check_real(temperature, "temperature", low=0)
     if top_k is not None:
         top_k = check_int(top_k, "top_k", low=1, note="(tokens kept per row) or None")

@@ -46,7 +46,7 @@ __all__ = ["HYBRID_RECIPES", "SEED_STUDY_FILE", "HybridRecipe", "evaluate_hybrid
 
 PathLike = Union[str, Path]
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
-#: The recorded seed study: every recipe retrained with other seeds, and its validation loss.
+#: Where the recorded seed study lives (every recipe retrained with other seeds, and its validation loss).
 SEED_STUDY_FILE = CHECKPOINT_DIR / "hybrid_seeds.json"
 
 
