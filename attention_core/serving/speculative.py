@@ -143,12 +143,7 @@ def acceptance_rates(target: DecoderLM, draft: DecoderLM, tokens: torch.Tensor, 
     draft's next-token distributions at ``temperature`` (:func:`next_token_probs`). Its mean over text sampled
     from the target is Leviathan et al.'s alpha as they measured it (§4.2, Corollary 3.6). One call of each
     model on the whole text (teacher forcing); both run in eval mode and get their modes back."""
-    for name, m in (("target", target), ("draft", draft)):
-        if not isinstance(m, DecoderLM):
-            raise TypeError(f"{name} must be a DecoderLM, got {type(m).__name__}")
-    if target.vocab_size != draft.vocab_size:
-        raise ValueError(f"target and draft must share a vocabulary, got vocab_size {target.vocab_size} and "
-                         f"{draft.vocab_size}")
+    _check_pair(target, draft)
     check_tensor(tokens, "tokens")
     if tokens.dim() != 2 or tokens.shape[0] != 1 or tokens.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"tokens must be a (1, T) integer tensor, got {tokens.dtype} {fmt_shape(tokens.shape)}")
@@ -218,13 +213,18 @@ def speculative_generate(target: DecoderLM, draft: DecoderLM, prompt: torch.Tens
         return _speculative_generate(target, draft, prompt, max_new_tokens, gamma, float(temperature), generator)
 
 
-def _check_speculative(target, draft, prompt, max_new_tokens, gamma, temperature, generator) -> None:
+def _check_pair(target: object, draft: object) -> None:
+    """Both models are chapter 11's DecoderLM over one vocabulary (speculative decoding and its acceptance rates)."""
     for name, m in (("target", target), ("draft", draft)):
         if not isinstance(m, DecoderLM):
             raise TypeError(f"{name} must be a DecoderLM, got {type(m).__name__}")
     if target.vocab_size != draft.vocab_size:
         raise ValueError(f"target and draft must share a vocabulary, got vocab_size {target.vocab_size} and "
                          f"{draft.vocab_size}")
+
+
+def _check_speculative(target, draft, prompt, max_new_tokens, gamma, temperature, generator) -> None:
+    _check_pair(target, draft)
     check_tensor(prompt, "prompt")
     if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] < 1 or prompt.dtype not in (torch.int32,
                                                                                                    torch.int64):
