@@ -247,27 +247,37 @@ def test_a_students_honest_tries(chapter, key) -> None:
             said = ex.evaluate(text)
             if kind == "right":
                 assert said.startswith(exercises.CORRECT), (chapter, key, text, said)
-            elif _is_a_coarser_rounding(text, exercises.decode_answer(encoded)):  # the method was right
+            elif _is_a_coarser_rounding(text, exercises.decode_answer(encoded), tol):  # the method was right
                 assert said.startswith(f"{exercises.NOT_YET}. That is the answer rounded to "), (chapter, key, text)
                 assert said.endswith("until the last step.") and "the box's hint" not in said
             else:
                 assert said == f"{exercises.NOT_YET}. the box's hint", (chapter, key, kind, text, said)
 
 
-def _is_a_coarser_rounding(text: str, expected: float) -> bool:
-    """Whether ``text`` is ``expected`` rounded (half up or half to even) to fewer significant figures or
-    decimals than it has: worked out with decimal arithmetic, apart from the library's unit test."""
-    from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
+def _is_a_coarser_rounding(text: str, expected: float, tol: dict) -> bool:
+    """Whether ``text`` is ``expected`` rounded to fewer significant figures or decimals than the box checks,
+    typed with no finer digit, and not a tie (which could round either way); never for an exact box (a shorter
+    value there is as likely another quantity). Worked out with decimal arithmetic, apart from the library."""
+    from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
-    typed, e = Decimal(text.replace(",", "")) if "/" not in text else None, Decimal(repr(expected))
-    if typed is None or typed == e:
+    if tol.get("exact") or "/" in text:
         return False
-    for places in range(-12, 16):
-        q = Decimal(1).scaleb(-places)
-        for how in (ROUND_HALF_UP, ROUND_HALF_EVEN):
-            r = e.quantize(q, rounding=how) if places >= 0 else (e / q).quantize(Decimal(1), rounding=how) * q
-            if r != e and r == typed:
-                return True
+    try:
+        typed = Decimal(text.replace(",", ""))
+    except InvalidOperation:
+        return False
+    if "." not in text and "e" not in text.lower():
+        typed = typed.normalize()  # a whole number's trailing zeros are not typed digits
+    e = Decimal(repr(expected))
+    if typed == e:
+        return False
+    places = range(tol["decimals"]) if "decimals" in tol else [
+        k - 1 - e.adjusted() for k in range(1, tol["digits"])]
+    for p in places:  # decimal places of each coarser rounding (negative: tens, hundreds)
+        q = Decimal(1).scaleb(-p)
+        r = (e / q).quantize(Decimal(1), rounding=ROUND_HALF_EVEN) * q
+        if r != e and r == typed and abs(e - r) < q / 2 and typed.as_tuple().exponent >= -p:
+            return True
     return False
 
 
@@ -302,3 +312,17 @@ def test_a_quotient_of_decimals_is_read_as_the_chapters_write_it() -> None:
     assert exercises.parse_number("1e2/4") == 25.0 and exercises.parse_number("1/4") == 0.25
     for text in ("1/0", "1.5/0.0", "a/2", "1/2/3", "/2", "1/", "1.2.3/4"):
         assert exercises.parse_number(text) is None, text
+
+
+def test_a_rounding_is_told_only_when_it_was_typed_as_one() -> None:
+    """The final referee's case: typing more digits than the rounding has ("2.00"), a tie that could round either
+    way, and any shorter value in an exact box (another quantity as likely as a rounding) get the box's hint."""
+    box = exercises.ValueCheck("x", exercises.encode_answer(2.46), hint="hint", digits=3)
+    assert "rounded to 1 significant figure" in box.evaluate("2")
+    assert "rounded to 2 significant figures" in box.evaluate("2.5")
+    for text in ("2.0", "2.00", "3", "1/2"):
+        assert box.evaluate(text) == f"{exercises.NOT_YET}. hint", text
+    tie = exercises.ValueCheck("x", exercises.encode_answer(2.5), hint="hint", decimals=2)
+    assert tie.evaluate("2") == tie.evaluate("3") == f"{exercises.NOT_YET}. hint"
+    exact = exercises.ValueCheck("x", exercises.encode_answer(0.0625), hint="hint", exact=True)
+    assert exact.evaluate("0.063") == exact.evaluate("0.06") == f"{exercises.NOT_YET}. hint"

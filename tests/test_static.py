@@ -197,7 +197,7 @@ def test_every_book_box_checks_in_the_page_as_it_does_in_the_kernel() -> None:
         assert not differ, f"ch. {chapter} {key!r}: (input, kernel, page) disagree: {differ}"
         assert k[0] == p[0] == "correct"
     told = [v for verdicts in kernel for v in verdicts if v.startswith("rounded")]
-    assert len(told) >= 10, f"the tries include answers rounded too coarsely: {len(told)} told so"
+    assert len(told) >= 8, f"the tries include answers rounded too coarsely: {len(told)} told so"
 
 
 def _verdict(message: str) -> str:

@@ -248,8 +248,9 @@ def _coarser_roundings(expected: float, digits: int | None, decimals: int | None
                        ) -> list[tuple[float, str]]:
     """``(unit, text)`` for each precision coarser than the stated one at which rounding changes ``expected``,
     finest first: a value that is a multiple of ``unit`` within half a unit of ``expected`` is the answer rounded
-    to ``text`` ("2 decimal places", "1 significant figure"), told apart from a wrong method by the hint."""
-    if not expected or not math.isfinite(expected):
+    to ``text`` ("2 decimal places", "1 significant figure"), told apart from a wrong method by the hint. None for
+    an exact answer (a count, a fraction): there a shorter value is as likely another quantity as a rounding."""
+    if exact or not expected or not math.isfinite(expected):
         return []
     top = math.floor(math.log10(abs(expected)))
     if decimals is not None:
@@ -267,11 +268,29 @@ def _coarser_roundings(expected: float, digits: int | None, decimals: int | None
     return out
 
 
-def _rounded_to(x: float, expected: float, roundings: list[tuple[float, str]]) -> str | None:
-    """The text of the finest coarser precision at which ``x`` is ``expected`` rounded, or None (the page's script
-    applies the same test)."""
+def _last_place(text: str) -> float | None:
+    """The power of ten of the last digit typed ("0.67" -> -2, "2.00" -> -2, "140" -> 1, "6.5e-2" -> -3), or None
+    for what is not a plain decimal ("1/16"); trailing zeros of a whole number do not count as typed digits."""
+    m = re.fullmatch(r"\s*[+-]?(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?\s*", text.replace(",", ""))
+    if m is None or not (m[1] or m[2]):
+        return None
+    exponent = int(m[3] or 0)
+    if m[2] is not None:
+        return exponent - len(m[2])
+    return exponent + len(m[1]) - len(m[1].rstrip("0")) if m[1].strip("0") else exponent
+
+
+def _rounded_to(x: float, expected: float, roundings: list[tuple[float, str]], typed: str) -> str | None:
+    """The text of the finest coarser precision at which ``typed`` (value ``x``) is ``expected`` rounded, or None:
+    ``x`` a multiple of the unit, strictly within half a unit of ``expected`` (a tie could be either neighbour),
+    and typed with no digit finer than the unit ("2.00" is not 2.46 rounded to 1 figure). The page's script
+    applies the same test."""
+    last = _last_place(typed) if isinstance(typed, str) else None
+    if last is None:
+        return None
     for unit, text in roundings:
-        if abs(x - round(x / unit) * unit) <= 1e-6 * unit and abs(x - expected) <= 0.5 * unit * (1 + 1e-9):
+        if (abs(x - round(x / unit) * unit) <= 1e-6 * unit and abs(x - expected) < 0.5 * unit * (1 - 1e-9)
+                and last >= math.log10(unit) - 1e-9):
             return text
     return None
 
@@ -343,7 +362,7 @@ class ValueCheck(StaticTwin, widgets.VBox):
         if self.accepts(answer):
             return f"{CORRECT}. {self.explanation}".strip()
         x = float(_as_array(answer))
-        rounded = _rounded_to(x, self._expected, self.roundings) if math.isfinite(x) else None
+        rounded = _rounded_to(x, self._expected, self.roundings, answer) if math.isfinite(x) else None
         if rounded is not None:  # the method is right: say what differs, not a mistake the reader did not make
             return rounded_message(rounded, self.precision_said)
         return f"{NOT_YET}. {self.hint}".strip()

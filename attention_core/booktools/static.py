@@ -242,9 +242,16 @@ def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: floa
     var x = parse(input.value), e = Number(unhide(root.dataset.answer.slice(4)));
     var ok = isFinite(x) && Math.abs(x - e) <= {atol!r} + {rtol!r} * Math.abs(e);
     var rounded = null, units = {json.dumps([[u, t] for u, t in roundings])}, told = {json.dumps(told)};
-    for (var i = 0; !ok && isFinite(x) && rounded === null && i < units.length; i++) {{
+    var m = input.value.replace(/,/g, "").match(/^\\s*[+-]?(\\d*)(?:\\.(\\d*))?(?:[eE]([+-]?\\d+))?\\s*$/), last = null;
+    if (m && (m[1] || m[2])) {{  // the power of ten of the last digit typed; a whole number's trailing zeros not
+      var ex = Number(m[3] || 0);
+      last = m[2] !== undefined ? ex - m[2].length
+        : (/[1-9]/.test(m[1]) ? ex + m[1].length - m[1].replace(/0+$/, "").length : ex);
+    }}
+    for (var i = 0; !ok && isFinite(x) && last !== null && rounded === null && i < units.length; i++) {{
       var u = units[i][0];
-      if (Math.abs(x - Math.round(x / u) * u) <= 1e-6 * u && Math.abs(x - e) <= 0.5 * u * (1 + 1e-9)) {{
+      if (Math.abs(x - Math.round(x / u) * u) <= 1e-6 * u && Math.abs(x - e) < 0.5 * u * (1 - 1e-9)
+          && last >= Math.log10(u) - 1e-9) {{
         rounded = told[units[i][1]];
       }}
     }}
