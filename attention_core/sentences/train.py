@@ -13,9 +13,7 @@ Command line (one CPU thread, a few seconds per model)::
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -24,15 +22,9 @@ import torch.nn.functional as F
 
 from attention_core.models.classifier import AttentionClassifier, build_classifier
 from attention_core.sentences.data import VOCAB, SentenceBatch, collate, stream
-from attention_core.training.checkpoint import (
-    TrainLog,
-    load_or_train_recipe,
-    recipe_entry,
-    record_in_manifest,
-    save_checkpoint,
-)
+from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, save_recipe_checkpoint
 from attention_core.training.cli import recipes_main
-from attention_core.training.progress import progress
+from attention_core.training.loop import TrainRecipe, fit
 
 __all__ = ["CHECKPOINT_DIR", "RECIPES", "ClassifierRecipe", "accuracy", "load_or_train", "main", "train_recipe"]
 
@@ -42,19 +34,18 @@ CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
 @dataclass(frozen=True)
-class ClassifierRecipe:
+class ClassifierRecipe(TrainRecipe):
     """How one classifier is built and trained: ``model`` holds :func:`build_classifier`'s settings (besides
     ``vocab_size``); Adam for ``steps`` steps on fresh batches of ``batch_size`` from ``stream(batch_size,
-    data_seed)``, learning rate on a cosine from ``lr`` to ``min_lr_ratio * lr``, parameters from ``seed``."""
+    data_seed)``, learning rate on a cosine from ``lr`` to ``min_lr_ratio * lr``, no warm-up, no clipping,
+    parameters from ``seed`` (the fields of :class:`~attention_core.training.loop.TrainRecipe`)."""
 
-    name: str
     model: Dict[str, Any] = field(default_factory=dict)
+    _: KW_ONLY
     steps: int = 400
     batch_size: int = 64
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
-    seed: int = 0
-    data_seed: int = 1
 
     def config(self) -> Dict[str, Any]:
         return {**self.model, "vocab_size": len(VOCAB), "seed": self.seed}
@@ -81,24 +72,14 @@ def train_recipe(name: Union[str, ClassifierRecipe], show_progress: bool = True
                  ) -> Tuple[AttentionClassifier, TrainLog]:
     """Build the classifier of recipe ``name`` and train it from scratch; returns ``(model in eval mode, log)``."""
     recipe = _recipe(name)
-    model = build_classifier(recipe.config()).train()
-    opt = torch.optim.Adam(model.parameters(), lr=recipe.lr)
+    model = build_classifier(recipe.config())
     batches = stream(recipe.batch_size, recipe.data_seed)
-    log, start = TrainLog(), time.perf_counter()
-    bar = progress(range(recipe.steps), desc=recipe.name, **({} if show_progress else {"disable": True}))
-    for step in bar:
-        frac = step / max(recipe.steps - 1, 1)
-        for group in opt.param_groups:
-            cosine = 0.5 * (1 + math.cos(math.pi * frac))
-            group["lr"] = recipe.lr * (recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * cosine)
-        batch = next(batches)
-        loss = F.cross_entropy(model(batch.ids, batch.valid_lens).logits, batch.labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        log.losses.append(loss.item())
-    log.seconds = time.perf_counter() - start
+    log = fit(model, recipe, lambda step: next(batches), _loss, show_progress=show_progress)
     return model.eval(), log
+
+
+def _loss(model: AttentionClassifier, batch: SentenceBatch) -> torch.Tensor:
+    return F.cross_entropy(model(batch.ids, batch.valid_lens).logits, batch.labels)
 
 
 @torch.no_grad()
@@ -124,12 +105,10 @@ def train_and_save(names: Sequence[str], directory: PathLike = CHECKPOINT_DIR, s
     for name in names:
         recipe = _recipe(name)
         model, log = train_recipe(recipe, show_progress=show_progress)
-        sha = save_checkpoint(model, Path(directory) / f"{recipe.name}.pt")
-        entry = recipe_entry(recipe, model, log, sha)
-        entry["test_accuracy"] = round(accuracy(model, test), 4)
-        record_in_manifest(directory, recipe.name, entry)
+        entry = save_recipe_checkpoint(model, log, recipe, directory,
+                                       extra={"test_accuracy": round(accuracy(model, test), 4)})
         print(f"{recipe.name}: {entry['parameters']} parameters, {log.seconds:.1f} s, test accuracy "
-              f"{entry['test_accuracy']}, sha256 {sha[:12]}...", flush=True)
+              f"{entry['test_accuracy']}, sha256 {entry['sha256'][:12]}...", flush=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -21,24 +21,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
-import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from attention_core.models.hybrid_lm import HybridLM, build_hybrid_lm
 from attention_core.shakespeare.data import Corpus, load_corpus, random_batch
-from attention_core.training.checkpoint import (
-    TrainLog,
-    load_or_train_recipe,
-    recipe_entry,
-    record_in_manifest,
-    save_checkpoint,
-)
+from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, save_recipe_checkpoint
+from attention_core.training.loop import TrainRecipe, fit
 from attention_core.training.modes import eval_mode
 
 __all__ = ["HYBRID_RECIPES", "SEED_STUDY_FILE", "HybridRecipe", "evaluate_hybrid", "load_or_train_hybrid",
@@ -51,11 +44,12 @@ SEED_STUDY_FILE = CHECKPOINT_DIR / "hybrid_seeds.json"
 
 
 @dataclass(frozen=True)
-class HybridRecipe:
+class HybridRecipe(TrainRecipe):
     """A :class:`~attention_core.models.hybrid_lm.HybridLM` whose layers are ``layers`` joined by ``+``, of width
-    ``d_model`` with ``num_heads`` heads, trained for ``steps`` AdamW steps on ``batch_size`` random crops of
-    ``context`` characters (``data_seed``), learning rate warmed up over ``warmup`` steps to ``lr`` then
-    cosine-decayed to ``min_lr_ratio * lr``, weight decay on the matrices, gradient norm clipped at ``clip``."""
+    ``d_model`` with ``num_heads`` heads, trained for ``steps`` AdamW steps (betas 0.9, 0.99) on ``batch_size``
+    random crops of ``context`` characters (``data_seed``), learning rate warmed up over ``warmup`` steps to
+    ``lr`` then cosine-decayed to ``min_lr_ratio * lr``, weight decay on the matrices, gradient norm clipped at
+    ``clip`` (the fields of :class:`~attention_core.training.loop.TrainRecipe`)."""
 
     name: str = "hybrid_softmax"
     layers: str = "softmax+softmax"
@@ -63,15 +57,17 @@ class HybridRecipe:
     num_heads: int = 4
     context: int = 128
     window: int = 16
+    _: KW_ONLY
     steps: int = 400
     batch_size: int = 16
     lr: float = 3e-3
     warmup: int = 30
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
-    clip: float = 1.0
-    seed: int = 0
-    data_seed: int = 1
+    clip: Optional[float] = 1.0
+
+    OPTIMIZER: ClassVar[str] = "adamw"
+    BETAS: ClassVar[Tuple[float, float]] = (0.9, 0.99)
 
     def config(self, vocab_size: int) -> Dict[str, Any]:
         """The config dict of :func:`~attention_core.models.hybrid_lm.build_hybrid_lm`."""
@@ -90,37 +86,23 @@ HYBRID_RECIPES: Dict[str, HybridRecipe] = {
 }
 
 
-def _lr_at(step: int, r: HybridRecipe) -> float:
-    if step < r.warmup:
-        return r.lr * (step + 1) / r.warmup
-    frac = (step - r.warmup) / max(r.steps - r.warmup - 1, 1)
-    return r.lr * (r.min_lr_ratio + (1 - r.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-def train_hybrid(recipe: HybridRecipe, corpus: Optional[Corpus] = None) -> Tuple[HybridLM, TrainLog]:
-    """Build ``recipe``'s model and train it on the CPU; returns ``(model in eval mode, log)``."""
+def train_hybrid(recipe: HybridRecipe, corpus: Optional[Corpus] = None, show_progress: bool = True
+                 ) -> Tuple[HybridLM, TrainLog]:
+    """Build ``recipe``'s model and train it on the CPU (a progress bar unless ``show_progress`` is false or
+    ``AC_PROGRESS=0``); returns ``(model in eval mode, log)``."""
     if not isinstance(recipe, HybridRecipe):
         raise TypeError(f"recipe must be a HybridRecipe, got {type(recipe).__name__}")
     corpus = corpus or load_corpus()
-    model = build_hybrid_lm(recipe.config(len(corpus.vocab)), seed=recipe.seed).train()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                                   {"params": rest, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.99))
+    model = build_hybrid_lm(recipe.config(len(corpus.vocab)), seed=recipe.seed)
     g = torch.Generator().manual_seed(recipe.data_seed)
-    log, start = TrainLog(), time.perf_counter()
-    for step in range(recipe.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, recipe)
-        x, y = random_batch(corpus.train, recipe.batch_size, recipe.context, g)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())  # (B*L, V), (B*L,)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-        optimizer.step()
-        log.losses.append(loss.item())
-    log.seconds = time.perf_counter() - start
+    log = fit(model, recipe, lambda step: random_batch(corpus.train, recipe.batch_size, recipe.context, g),
+              _next_char_loss, show_progress=show_progress)
     return model.eval(), log
+
+
+def _next_char_loss(model: HybridLM, batch: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())  # (B*L, V), (B*L,)
 
 
 @torch.no_grad()
@@ -217,9 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         recipe = HYBRID_RECIPES[name]
         model, log = train_hybrid(recipe, corpus)
         val = evaluate_hybrid(model, corpus.val, recipe.context)
-        sha = save_checkpoint(model, Path(args.out) / f"{recipe.name}.pt")
-        entry = {**recipe_entry(recipe, model, log, sha, every=25), "val_loss": round(val, 4)}
-        record_in_manifest(args.out, recipe.name, entry)
+        entry = save_recipe_checkpoint(model, log, recipe, args.out, extra={"val_loss": round(val, 4)})
         print(f"{name}: {entry['parameters']} parameters, {log.seconds:.0f} s, validation loss {val:.4f}")
 
 

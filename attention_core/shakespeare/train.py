@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -29,16 +29,9 @@ import torch.nn.functional as F
 from attention_core.models.language_model import DecoderLM, build_language_model
 from attention_core.shakespeare.data import CharVocab, Corpus, load_corpus, random_batch, repeat_random_tokens
 from attention_core.shakespeare.heads import distinct_repeated, probe_copying
-from attention_core.training.checkpoint import (
-    TrainLog,
-    load_or_train_recipe,
-    recipe_entry,
-    record_in_manifest,
-    save_checkpoint,
-)
+from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, save_recipe_checkpoint
+from attention_core.training.loop import TrainRecipe, fit
 from attention_core.training.modes import eval_mode
-from attention_core.training.progress import progress
-from attention_core.training.schedules import cosine_lr
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -68,8 +61,9 @@ CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
 @dataclass(frozen=True)
-class LMRecipe:
-    """How the Shakespeare model is built and trained.
+class LMRecipe(TrainRecipe):
+    """How the Shakespeare model is built and trained (the training fields are those of
+    :class:`~attention_core.training.loop.TrainRecipe`; AdamW with betas (0.9, 0.99)).
 
     Model: ``num_layers`` pre-LN blocks of width ``d_model`` with ``num_heads`` heads (``num_kv_heads`` key/value
     heads), trained on crops of ``context`` characters. Training: ``steps`` AdamW steps on ``batch_size`` random
@@ -88,18 +82,20 @@ class LMRecipe:
     num_kv_heads: int = 4
     dim_feedforward: int = 512
     context: int = 128
+    repeat_fraction: float = 0.5
+    repeat_min: int = 8
+    repeat_max: int = 40
+    _: KW_ONLY
     steps: int = 2500
     batch_size: int = 32
     lr: float = 2e-3
     warmup: int = 100
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
-    clip: float = 1.0
-    repeat_fraction: float = 0.5
-    repeat_min: int = 8
-    repeat_max: int = 40
-    seed: int = 0
-    data_seed: int = 1
+    clip: Optional[float] = 1.0
+
+    OPTIMIZER: ClassVar[str] = "adamw"
+    BETAS: ClassVar[Tuple[float, float]] = (0.9, 0.99)
 
     def config(self, vocab_size: int) -> Dict[str, Any]:
         """The config dict of :func:`~attention_core.models.language_model.build_language_model`."""
@@ -197,10 +193,6 @@ def probe_sequences(vocab: CharVocab, num_sequences: int = 16, length: int = PRO
     return distinct_repeated(num_sequences, length, letters, torch.Generator().manual_seed(seed))
 
 
-def _lr_at(step: int, recipe: LMRecipe) -> float:
-    return cosine_lr(step, lr=recipe.lr, steps=recipe.steps, warmup=recipe.warmup, min_lr_ratio=recipe.min_lr_ratio)
-
-
 def _probe_record(step: int, model: DecoderLM, sequences: torch.Tensor) -> Dict[str, Any]:
     found = probe_copying(model, sequences, sequences.shape[1] // 2)
     return {"step": step, "copy_accuracy": round(found["copy_accuracy"], 4),
@@ -221,25 +213,15 @@ def train_language_model(recipe: LMRecipe = RECIPE, corpus: Optional[Corpus] = N
     if not isinstance(recipe, LMRecipe):
         raise TypeError(f"recipe must be an LMRecipe, got {type(recipe).__name__}")
     corpus = corpus or load_corpus()
-    model = build_language_model(recipe.config(len(corpus.vocab))).to(device or "cpu").train()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                                   {"params": rest, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.99))
+    device = device or torch.device("cpu")
+    model = build_language_model(recipe.config(len(corpus.vocab))).to(device)
     g = torch.Generator().manual_seed(recipe.data_seed)
-    log, start = TrainLog(), time.perf_counter()
     bos = getattr(recipe, "bos", False)
+    repeat_random = getattr(recipe, "repeat_random", False)
     probe_every = getattr(recipe, "probe_every", 0)
-    probes: List[Dict[str, Any]] = []
-    log.probes = probes  # type: ignore[attr-defined]
-    sequences = probe_sequences(corpus.vocab).to(device or "cpu") if probe_every else None
-    if probe_every:
-        probes.append(_probe_record(0, model, sequences))
-    bar = progress(range(recipe.steps), desc=recipe.name, **({} if show_progress else {"disable": True}))
-    for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, recipe)
-        if getattr(recipe, "repeat_random", False):
+
+    def next_batch(step: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        if repeat_random:
             x, y = random_batch(corpus.train, recipe.batch_size, recipe.context, g)
             x, y = repeat_random_tokens(x, y, len(corpus.vocab), recipe.repeat_fraction,
                                         (recipe.repeat_min, recipe.repeat_max), g)
@@ -248,19 +230,26 @@ def train_language_model(recipe: LMRecipe = RECIPE, corpus: Optional[Corpus] = N
                                 (recipe.repeat_min, recipe.repeat_max))
         if bos:  # the start token, then the crop: it predicts the crop's first character too
             x, y = torch.cat([torch.full_like(x[:, :1], len(corpus.vocab)), x[:, :-1]], dim=1), x  # (B, context)
-        x, y = x.to(device or "cpu"), y.to(device or "cpu")
-        loss = F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())  # (B*L, V), (B*L,)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-        optimizer.step()
-        log.losses.append(loss.item())
-        if probe_every and ((step + 1) % probe_every == 0 or step + 1 == recipe.steps):
-            probes.append(_probe_record(step + 1, model, sequences))
-        if hasattr(bar, "set_postfix") and (step + 1) % 50 == 0:
-            bar.set_postfix(loss=f"{sum(log.losses[-50:]) / 50:.3f}")
-    log.seconds = time.perf_counter() - start
+        return x.to(device), y.to(device)
+
+    probes: List[Dict[str, Any]] = []
+    on_step = None
+    if probe_every:
+        sequences = probe_sequences(corpus.vocab).to(device)
+        probes.append(_probe_record(0, model, sequences))
+
+        def on_step(step: int, model: DecoderLM) -> None:
+            if (step + 1) % probe_every == 0 or step + 1 == recipe.steps:
+                probes.append(_probe_record(step + 1, model, sequences))
+
+    log = fit(model, recipe, next_batch, _next_char_loss, on_step=on_step, show_progress=show_progress)
+    log.probes = probes  # type: ignore[attr-defined]
     return model.eval(), log
+
+
+def _next_char_loss(model: DecoderLM, batch: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())  # (B*L, V), (B*L,)
 
 
 @torch.no_grad()
@@ -291,13 +280,10 @@ def evaluate_loss(model: DecoderLM, ids: torch.Tensor, context: int, max_blocks:
 def save_lm_checkpoint(model: DecoderLM, log: TrainLog, recipe: LMRecipe = RECIPE,
                        directory: PathLike = CHECKPOINT_DIR, extra: Optional[Dict[str, Any]] = None
                        ) -> Dict[str, Any]:
-    """Write ``<recipe.name>.pt`` (config + weights) and its manifest entry (with ``extra`` fields)."""
-    sha = save_checkpoint(model, Path(directory) / f"{recipe.name}.pt")
-    entry = {**recipe_entry(recipe, model, log, sha, every=50), **(extra or {})}
-    if getattr(log, "probes", None):
-        entry["probes"] = log.probes
-    record_in_manifest(directory, recipe.name, entry)
-    return entry
+    """Write ``<recipe.name>.pt`` (config + weights) and its manifest entry (with ``extra`` fields, and the probe
+    records of an experiment recipe)."""
+    probes = {"probes": log.probes} if getattr(log, "probes", None) else {}
+    return save_recipe_checkpoint(model, log, recipe, directory, every=50, extra={**(extra or {}), **probes})
 
 
 def load_or_train_language_model(directory: PathLike = CHECKPOINT_DIR, retrain: bool = False,

@@ -37,6 +37,7 @@ __all__ = [
     "recipe_entry",
     "record_in_manifest",
     "save_checkpoint",
+    "save_recipe_checkpoint",
 ]
 
 PathLike = Union[str, Path]
@@ -190,6 +191,17 @@ def recipe_entry(recipe: Any, model: nn.Module, log: TrainLog, sha256: Optional[
                    for i in range(0, len(log.losses), every)],
         "recipe": asdict(recipe),
     }
+
+
+def save_recipe_checkpoint(model: nn.Module, log: TrainLog, recipe: Any, directory: PathLike, every: int = 25,
+                           extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Write ``<recipe.name>.pt`` in ``directory`` (:func:`save_checkpoint`) and record its entry
+    (:func:`recipe_entry`, then the fields of ``extra``: a test accuracy, a validation loss) in the folder's
+    manifest; returns the entry."""
+    sha = save_checkpoint(model, Path(directory) / f"{recipe.name}.pt")
+    entry = {**recipe_entry(recipe, model, log, sha, every=every), **(extra or {})}
+    record_in_manifest(directory, recipe.name, entry)
+    return entry
 
 
 def read_manifest(directory: PathLike) -> Dict[str, Any]:

@@ -17,8 +17,7 @@ One path for every model of chapters 3, 4 and 8:
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -27,17 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from attention_core._checks import check_int
-from attention_core.training.checkpoint import (
-    TrainLog,
-    load_or_train_recipe,
-    read_manifest,
-    recipe_entry,
-    record_in_manifest,
-    save_checkpoint,
-)
+from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, read_manifest, save_recipe_checkpoint
 from attention_core.training.cli import recipes_main
-from attention_core.training.progress import progress
-from attention_core.training.schedules import cosine_lr
+from attention_core.training.loop import TrainRecipe, fit
 from attention_core.translation.data import PAD_ID, Batch, NumberWords, Pair
 from attention_core.translation.protocol import EncoderDecoder
 from attention_core.translation.rnn import build_rnn_model, count_parameters
@@ -99,28 +90,18 @@ def train_seq2seq(model: EncoderDecoder, batches: Iterator[Batch], steps: int, l
     if min_lr_ratio is not None and not 0 <= min_lr_ratio <= 1:
         raise ValueError(f"min_lr_ratio must be in [0, 1] or None, got {min_lr_ratio!r}")
     device = device or next(model.parameters()).device
-    model.to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    log = TrainLog()
-    start = time.perf_counter()
-    bar = progress(range(steps), desc=desc, **({} if show_progress else {"disable": True}))
-    for i in bar:
-        if min_lr_ratio is not None:
-            for group in optimizer.param_groups:
-                group["lr"] = cosine_lr(i, lr=lr, steps=steps, min_lr_ratio=min_lr_ratio)
-        batch = next(batches).to(device)
-        logits, _ = model(batch.src, batch.src_valid_lens, batch.tgt_in)
-        loss = sequence_loss(logits, batch.tgt_out)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        log.losses.append(loss.item())
-        if hasattr(bar, "set_postfix") and len(log.losses) % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-    log.seconds = time.perf_counter() - start
+    model.to(device)
+    # the loop's settings as a recipe (a constant rate when min_lr_ratio is None: the optimiser keeps ``lr``)
+    loop = TrainRecipe(desc, steps=steps, lr=lr, min_lr_ratio=min_lr_ratio or 0.0, clip=clip)
+    log = fit(model, loop, lambda step: next(batches).to(device), _teacher_forced_loss,
+              lr_at=None if min_lr_ratio is not None else (lambda step: None), show_progress=show_progress)
     model.eval()
     return log
+
+
+def _teacher_forced_loss(model: EncoderDecoder, batch: Batch) -> torch.Tensor:
+    logits, _ = model(batch.src, batch.src_valid_lens, batch.tgt_in)
+    return sequence_loss(logits, batch.tgt_out)
 
 
 def build_model(config: Dict[str, Any]) -> EncoderDecoder:
@@ -136,25 +117,24 @@ def build_model(config: Dict[str, Any]) -> EncoderDecoder:
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(TrainRecipe):
     """How one of the book's translation models is built and trained.
 
     ``model`` holds the model's settings (``kind``: ``"plain"``, ``"bahdanau"``, ``"luong"`` or
     ``"transformer"``, and that kind's sizes; see :func:`build_model`); the other fields are the training
-    budget, the same for every model so that the chapters compare them on equal terms. Training batches come
-    from ``NumberWords().stream(batch_size, data_seed)``; the learning rate follows a cosine from ``lr`` to
-    ``min_lr_ratio * lr``; parameters are initialised from ``seed``.
+    budget (those of :class:`~attention_core.training.loop.TrainRecipe`), the same for every model so that the
+    chapters compare them on equal terms. Training batches come from ``NumberWords().stream(batch_size,
+    data_seed)``; Adam, no warm-up, the learning rate on a cosine from ``lr`` to ``min_lr_ratio * lr``, gradient
+    norm clipped at ``clip``; parameters are initialised from ``seed``.
     """
 
-    name: str
     model: Dict[str, Any] = field(default_factory=dict)
+    _: KW_ONLY
     steps: int = 600
     batch_size: int = 64
     lr: float = 5e-3
     min_lr_ratio: float = 0.05
-    clip: float = 1.0
-    seed: int = 0
-    data_seed: int = 1
+    clip: Optional[float] = 1.0
 
     @property
     def kind(self) -> str:
@@ -210,10 +190,11 @@ def train_recipe(name: Union[str, Recipe], device: Optional[torch.device] = None
     recipe = _recipe(name)
     task = NumberWords()
     model = build_model(recipe.config(task))
-    log = train_seq2seq(model, task.stream(recipe.batch_size, recipe.data_seed), recipe.steps, lr=recipe.lr,
-                        clip=recipe.clip, device=device, desc=recipe.name, show_progress=show_progress,
-                        min_lr_ratio=recipe.min_lr_ratio)
-    return model, log
+    device = device or torch.device("cpu")
+    batches = task.stream(recipe.batch_size, recipe.data_seed)
+    log = fit(model.to(device), recipe, lambda step: next(batches).to(device), _teacher_forced_loss,
+              show_progress=show_progress)
+    return model.eval(), log
 
 
 def read_checkpoint_manifest(directory: PathLike = CHECKPOINT_DIR) -> Dict[str, Any]:
@@ -255,10 +236,9 @@ def train_and_save(names: Sequence[str], directory: PathLike = CHECKPOINT_DIR, s
     for name in names:
         recipe = _recipe(name)
         model, log = train_recipe(recipe, show_progress=show_progress)
-        sha = save_checkpoint(model.cpu(), directory / f"{recipe.name}.pt")
-        record_in_manifest(directory, recipe.name, recipe_entry(recipe, model, log, sha))
+        entry = save_recipe_checkpoint(model, log, recipe, directory)
         print(f"{recipe.name}: {count_parameters(model)} parameters, {log.seconds:.0f} s, final loss "
-              f"{sum(log.losses[-50:]) / len(log.losses[-50:]):.4f}, sha256 {sha[:12]}...", flush=True)
+              f"{sum(log.losses[-50:]) / len(log.losses[-50:]):.4f}, sha256 {entry['sha256'][:12]}...", flush=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -17,9 +17,9 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import KW_ONLY, asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -28,14 +28,9 @@ from torch import nn
 from attention_core.models.captioner import Captioner, build_captioner
 from attention_core.models.cnn import SmallCNN, cnn_parameters
 from attention_core.models.vit import VisionTransformer, build_vit
-from attention_core.training.checkpoint import (
-    TrainLog,
-    load_or_train_recipe,
-    recipe_entry,
-    record_in_manifest,
-    save_checkpoint,
-)
-from attention_core.training.modes import eval_mode, train_mode
+from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, save_recipe_checkpoint
+from attention_core.training.loop import TrainRecipe, fit
+from attention_core.training.modes import eval_mode
 from attention_core.vision.data import WORDS, Digits, load_digits, make_caption_set, subset
 
 __all__ = [
@@ -64,7 +59,24 @@ COMPARISON_FILE = "comparison.json"
 
 
 @dataclass(frozen=True)
-class ViTRecipe:
+class _VisionRecipe(TrainRecipe):
+    """The training the vision recipes share: AdamW (weight decay on the matrices), learning rate warmed up over
+    ``warmup`` steps, then a half cosine over ``steps - warmup`` steps towards zero (the last step is one short of
+    it; ``min_lr_ratio`` must stay 0)."""
+
+    OPTIMIZER: ClassVar[str] = "adamw"
+
+    def lr_at(self, step: int) -> float:
+        # written as the shipped checkpoints were trained (the angle rounded as pi * k / n), so they reproduce
+        if self.min_lr_ratio != 0:
+            raise ValueError(f"the vision recipes decay to zero: min_lr_ratio must be 0, got {self.min_lr_ratio!r}")
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        return self.lr * 0.5 * (1 + math.cos(math.pi * (step - self.warmup) / max(self.steps - self.warmup, 1)))
+
+
+@dataclass(frozen=True)
+class ViTRecipe(_VisionRecipe):
     """A ViT on the digits: patches of ``patch_size`` pixels, ``num_layers`` pre-LN blocks of width ``d_model``;
     ``steps`` AdamW steps of ``batch_size`` images drawn (seeded by ``data_seed``) from ``train_size`` training
     images, learning rate warmed up over ``warmup`` steps then cosine-decayed to zero; no augmentation."""
@@ -78,12 +90,12 @@ class ViTRecipe:
     pos: str = "learned"
     pool: str = "cls"
     train_size: int = 1437
+    _: KW_ONLY
     steps: int = 800
     batch_size: int = 64
     lr: float = 3e-3
     warmup: int = 100
     weight_decay: float = 0.05
-    seed: int = 0
     data_seed: int = 0
 
     def config(self) -> Dict[str, Any]:
@@ -94,7 +106,7 @@ class ViTRecipe:
 
 
 @dataclass(frozen=True)
-class CaptionRecipe:
+class CaptionRecipe(_VisionRecipe):
     """A captioner on ``cells`` digits side by side (patches of ``patch_size``): ``train_images`` generated
     captions from the training digits, ``steps`` AdamW steps, cosine schedule after ``warmup``."""
 
@@ -107,13 +119,12 @@ class CaptionRecipe:
     encoder_layers: int = 0
     decoder_layers: int = 2
     train_images: int = 8000
+    _: KW_ONLY
     steps: int = 1000
     batch_size: int = 64
     lr: float = 2e-3
     warmup: int = 100
     weight_decay: float = 0.05
-    seed: int = 0
-    data_seed: int = 1
 
     def config(self) -> Dict[str, Any]:
         """The config dict of :func:`~attention_core.models.captioner.build_captioner`."""
@@ -129,48 +140,25 @@ VIT_RECIPE = ViTRecipe()
 CAPTION_RECIPE = CaptionRecipe()
 
 
-def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
-
-
 def _logits(out: Any) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def _optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": rest, "weight_decay": 0.0}], lr=lr)
-
-
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, batch_size: int, lr: float,
                      warmup: int, weight_decay: float, data_seed: int) -> TrainLog:
-    """Train ``model`` (a ViT or a CNN) on ``x, y`` with AdamW and a cosine schedule; returns the log.
+    """Train ``model`` (a ViT or a CNN) on ``x, y`` with AdamW and a cosine schedule (as the vision recipes);
+    returns the log.
 
     The model trains in train mode; every submodule's mode is given back afterwards (also on error)."""
-    with train_mode(model):
-        return _train_loop(model, x, y, steps, batch_size, lr, warmup, weight_decay, data_seed)
-
-
-def _train_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, batch_size: int, lr: float,
-                warmup: int, weight_decay: float, data_seed: int) -> TrainLog:
-    opt = _optimizer(model, lr, weight_decay)
+    loop = _VisionRecipe("classifier", steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
+                         weight_decay=weight_decay, data_seed=data_seed)
     g = torch.Generator().manual_seed(data_seed)
-    log, start = TrainLog(), time.perf_counter()
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, steps, lr, warmup)
-        idx = torch.randint(len(y), (min(batch_size, len(y)),), generator=g)
-        loss = F.cross_entropy(_logits(model(x[idx])), y[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        log.losses.append(loss.item())
-    log.seconds = time.perf_counter() - start
-    return log
+
+    def next_batch(step: int) -> torch.Tensor:
+        return torch.randint(len(y), (min(batch_size, len(y)),), generator=g)  # the batch's image indices
+
+    return fit(model, loop, next_batch, lambda m, idx: F.cross_entropy(_logits(m(x[idx])), y[idx]),
+               show_progress=False)
 
 
 @torch.no_grad()
@@ -201,21 +189,17 @@ def train_captioner(recipe: CaptionRecipe = CAPTION_RECIPE, digits: Optional[Dig
     digits = digits or load_digits()
     data = make_caption_set(digits.train_x, digits.train_y, recipe.train_images, recipe.cells, recipe.data_seed)
     inputs, targets = data.tokens()
-    model = build_captioner(recipe.config()).train()
-    opt = _optimizer(model, recipe.lr, recipe.weight_decay)
+    model = build_captioner(recipe.config())
     g = torch.Generator().manual_seed(recipe.data_seed)
-    log, start = TrainLog(), time.perf_counter()
-    for step in range(recipe.steps):
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, recipe.steps, recipe.lr, recipe.warmup)
-        idx = torch.randint(len(targets), (recipe.batch_size,), generator=g)
-        logits = model(data.images[idx], inputs[idx]).logits  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets[idx].flatten())  # (B*T, V), (B*T,)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        log.losses.append(loss.item())
-    log.seconds = time.perf_counter() - start
+
+    def next_batch(step: int) -> torch.Tensor:
+        return torch.randint(len(targets), (recipe.batch_size,), generator=g)  # the batch's caption indices
+
+    def loss_of(m: Captioner, idx: torch.Tensor) -> torch.Tensor:
+        logits = m(data.images[idx], inputs[idx]).logits  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1), targets[idx].flatten())  # (B*T, V), (B*T,)
+
+    log = fit(model, recipe, next_batch, loss_of)
     return model.eval(), log
 
 
@@ -280,15 +264,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     out = Path(args.out)
     if args.only in (None, "vit"):
         model, log = _train_vit(VIT_RECIPE, digits)
-        sha = save_checkpoint(model, out / f"{VIT_RECIPE.name}.pt")
         acc = accuracy(model, digits.test_x, digits.test_y)
-        record_in_manifest(out, VIT_RECIPE.name, {**recipe_entry(VIT_RECIPE, model, log, sha, every=100),
-                                                  "test_accuracy": round(acc, 4)})
+        save_recipe_checkpoint(model, log, VIT_RECIPE, out, every=100, extra={"test_accuracy": round(acc, 4)})
         print(f"{VIT_RECIPE.name}: {log.seconds:.0f} s, test accuracy {acc:.4f}", flush=True)
     if args.only in (None, "captioner"):
         model, log = train_captioner(CAPTION_RECIPE, digits)
-        sha = save_checkpoint(model, out / f"{CAPTION_RECIPE.name}.pt")
-        record_in_manifest(out, CAPTION_RECIPE.name, recipe_entry(CAPTION_RECIPE, model, log, sha, every=100))
+        save_recipe_checkpoint(model, log, CAPTION_RECIPE, out, every=100)
         print(f"{CAPTION_RECIPE.name}: {log.seconds:.0f} s, final loss {log.losses[-1]:.4f}", flush=True)
     if args.only in (None, "comparison"):
         start = time.perf_counter()
