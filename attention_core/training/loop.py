@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, Callable, ClassVar, Optional, Tuple, TypeVar
+from typing import Any, Callable, ClassVar, Optional, Tuple
 
 import torch
 from torch import nn
@@ -34,9 +34,6 @@ from attention_core.training.progress import progress
 from attention_core.training.schedules import cosine_lr
 
 __all__ = ["TrainRecipe", "fit", "make_optimizer"]
-
-B = TypeVar("B")
-
 
 @dataclass(frozen=True)
 class TrainRecipe:
@@ -91,8 +88,8 @@ def make_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float =
     raise ValueError(f"kind must be 'adam' or 'adamw', got {kind!r}")
 
 
-def fit(model: nn.Module, recipe: TrainRecipe, next_batch: Callable[[int], B],
-        loss_of: Callable[[nn.Module, B], torch.Tensor], *, optimizer: Optional[torch.optim.Optimizer] = None,
+def fit(model: nn.Module, recipe: TrainRecipe, next_batch: Callable[[int], Any],
+        loss_of: Callable[[nn.Module, Any], torch.Tensor], *, optimizer: Optional[torch.optim.Optimizer] = None,
         lr_at: Optional[Callable[[int], Optional[float]]] = None, on_step: Optional[Callable[[int, nn.Module], Any]]
         = None, desc: Optional[str] = None, show_progress: bool = True) -> TrainLog:
     """Train ``model`` in place for ``recipe.steps`` steps; returns the :class:`TrainLog` (every step's loss, the
