@@ -3,8 +3,8 @@
 :data:`RECIPES` names the shipped models: ``gru`` (BiGRU + additive attention, the shape Jain & Wallace tested),
 ``embed`` (no encoder: the attention pools the word embeddings themselves) and their ``_uniform`` twins, trained
 with weights ``1/n`` instead of learned attention (Wiegreffe & Pinter's baseline); ``gru_seed1`` ... ``gru_seed4``
-and ``embed_seed1`` ... ``embed_seed4`` are ``gru`` and ``embed`` again from parameter seeds 1 to 4. Each checkpoint is written with
-its recipe and sha256 in ``checkpoints/manifest.json``.
+and ``embed_seed1`` ... ``embed_seed4`` are ``gru`` and ``embed`` again from parameter seeds 1 to 4. Each
+checkpoint is written with its recipe and sha256 in ``checkpoints/manifest.json``.
 
 Command line (one CPU thread, a few seconds per model)::
 
