@@ -2,8 +2,9 @@
 
 :data:`RECIPES` names the shipped models: ``gru`` (BiGRU + additive attention, the shape Jain & Wallace tested),
 ``embed`` (no encoder: the attention pools the word embeddings themselves) and their ``_uniform`` twins, trained
-with weights ``1/n`` instead of learned attention (Wiegreffe & Pinter's baseline). Each checkpoint is written with
-its recipe and sha256 in ``checkpoints/manifest.json``.
+with weights ``1/n`` instead of learned attention (Wiegreffe & Pinter's baseline); ``gru_seed1`` ... ``gru_seed4``
+and ``embed_seed1`` ... ``embed_seed4`` are ``gru`` and ``embed`` again from parameter seeds 1 to 4. Each
+checkpoint is written with its recipe and sha256 in ``checkpoints/manifest.json``.
 
 Command line (one CPU thread, a few seconds per model)::
 
@@ -57,6 +58,10 @@ RECIPES: Dict[str, ClassifierRecipe] = {r.name: r for r in (
     ClassifierRecipe("gru_uniform", {"encoder": "gru", "attention": "uniform"}),
     ClassifierRecipe("embed", {"encoder": "none", "attention": "additive"}),
     ClassifierRecipe("embed_uniform", {"encoder": "none", "attention": "uniform"}),
+    # the same two attention recipes from other parameter seeds (the data stream is shared), so that a result
+    # of the chapter can be checked on five trained models of each kind, and the weights of two models compared
+    *(ClassifierRecipe(f"{kind}_seed{s}", {"encoder": enc, "attention": "additive"}, seed=s)
+      for kind, enc in (("gru", "gru"), ("embed", "none")) for s in range(1, 5)),
 )}
 
 
