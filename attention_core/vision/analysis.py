@@ -98,8 +98,8 @@ def layout_gap(pos: torch.Tensor, grid: Tuple[int, int], near: float = 1.0, far:
         far: pairs at least ``far`` patches apart are distant.
 
     Returns:
-        A float: positive when neighbours are more alike than distant patches (a 2-D layout), about zero when
-        the similarities ignore the grid.
+        A float: positive when neighbours are more alike than distant patches (a 2-D layout); when the
+        similarities ignore the grid it falls among the gaps of shuffled grids (:func:`layout_gap_null`).
     """
     sim = position_similarity(pos)  # (N, N)
     if sim.shape[0] != grid[0] * grid[1]:
