@@ -9,13 +9,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_core.models.captioner import Captioner, greedy_caption
+from attention_core.models.captioner import Captioner, CaptionerOutput, greedy_caption
 from attention_core.models.cnn import SmallCNN, cnn_parameters
 from attention_core.models.vit import PatchEmbedding, VisionTransformer, patchify, sincos_2d_positions, unpatchify
 from attention_core.multihead import MultiHeadAttention
 from attention_core.training.checkpoint import file_sha256, read_manifest
 from attention_core.vision.analysis import (
     attention_rollout,
+    cell_swap_changes,
+    layout_gap,
+    layout_gap_null,
     mean_attention_distance,
     patch_distances,
     position_similarity,
@@ -411,3 +414,56 @@ def test_caption_helpers_refuse_bad_arguments_by_name() -> None:
         mean_attention_distance(torch.rand(1, 2, 4, 4), (2, 2), 2, has_cls_token=1)
     with pytest.raises(TypeError, match="weights must be a torch.Tensor"):
         mean_attention_distance([1.0], (2, 2), 2, has_cls_token=False)
+
+
+# ------------------------------------------------------------------------------------------------ controls (issue 38)
+
+
+def test_vit_positions_argument_replaces_the_table_for_one_call() -> None:
+    m = VisionTransformer(VIT).eval()
+    x = torch.rand(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    own = m(x).logits
+    torch.testing.assert_close(m(x, positions=m.pos_embed.detach().clone()).logits, own)
+    zeroed = m(x, positions=torch.zeros_like(m.pos_embed)).logits
+    assert not torch.allclose(zeroed, own)
+    manual = m.head(m.encoder(torch.cat([m.cls_token.expand(3, -1, -1), m.patch_embed(x)], 1))
+                    .last_hidden_state[:, 0])  # the model with no positions, by hand
+    torch.testing.assert_close(zeroed, manual)
+    torch.testing.assert_close(m(x).logits, own)  # the model itself is unchanged
+    with pytest.raises(ValueError, match=r"positions must be \(16, 16\).*got \(15, 16\)"):
+        m(x, positions=torch.zeros(15, 16))
+    with pytest.raises(TypeError, match="positions must be a torch.Tensor"):
+        m(x, positions=[0.0])
+
+
+def test_layout_gap_by_hand_and_on_a_2d_table() -> None:
+    pos = torch.zeros(4, 3)  # a 1 x 4 strip: 0 and 3 are 3 patches apart, 0-1, 1-2, 2-3 neighbours
+    pos[0], pos[1], pos[2], pos[3] = torch.tensor([1.0, 0, 0]), torch.tensor([1.0, 1, 0]), \
+        torch.tensor([0.0, 1, 0]), torch.tensor([0.0, 0, 1])
+    near = (2 ** -0.5 + 2 ** -0.5 + 0.0) / 3  # cos(0,1), cos(1,2), cos(2,3)
+    assert layout_gap(pos, (1, 4)) == pytest.approx(near - 0.0)
+    table = sincos_2d_positions(4, 4, 32)
+    null = layout_gap_null(table, (4, 4), draws=200)
+    assert null.shape == (200,) and layout_gap(table, (4, 4)) > null.max()  # a real 2-D layout beats them all
+    assert torch.equal(null, layout_gap_null(table, (4, 4), draws=200))  # seeded
+    with pytest.raises(ValueError, match=r"pos has 16 positions, grid \(3, 4\) has 12"):
+        layout_gap(table, (3, 4))
+
+
+def test_cell_swap_changes_names_the_cell_a_word_reads() -> None:
+    class ReadsCell(Captioner):  # word t is the mean brightness of cell t, rounded to a digit
+        def forward(self, images, tokens, need_weights=False):
+            cells = torch.stack(
+                [images[..., 8 * j:8 * j + 8].mean((1, 2, 3)) for j in range(3)], 1)  # (B, 3)
+            digit = (cells * 9.99).long().clamp(0, 9)[:, :tokens.shape[1]]  # (B, T)
+            return CaptionerOutput(F.one_hot(digit, 11).float())
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(50, 1, 8, 24, generator=g)
+    donors = 1 - images
+    changes = cell_swap_changes(ReadsCell(CAP), images, torch.zeros(50, 3, dtype=torch.long), donors, 8)
+    assert changes.shape == (3, 3)
+    assert torch.equal(changes - torch.diag(changes.diagonal()), torch.zeros(3, 3))  # no other word moves
+    assert (changes.diagonal() > 0.5).all()
+    with pytest.raises(ValueError, match="multiple of cell_width=7"):
+        cell_swap_changes(ReadsCell(CAP), images, torch.zeros(50, 3, dtype=torch.long), donors, 7)

@@ -190,16 +190,29 @@ class VisionTransformer(nn.Module):
     def has_cls_token(self) -> bool:
         return self.cls_token is not None
 
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Patch vectors plus positions, with the class token first when there is one: (B, T, D)."""
-        x = self.patch_embed(images) + self.pos_embed  # (B, N, D) + (N, D)
+    def embed(self, images: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Patch vectors plus positions, with the class token first when there is one: (B, T, D).
+
+        ``positions`` (N, D) replaces the model's own table for this call (an ablation: shuffled or zeroed
+        positions); the model itself is not changed."""
+        pos = self.pos_embed
+        if positions is not None:
+            check_tensor(positions, "positions")
+            if positions.shape != pos.shape or positions.dtype != pos.dtype or positions.device != pos.device:
+                raise ValueError(f"positions must be {fmt_shape(pos.shape)} {pos.dtype} on {pos.device} like the "
+                                 f"model's table, got {fmt_shape(positions.shape)} {positions.dtype} on "
+                                 f"{positions.device}")
+            pos = positions
+        x = self.patch_embed(images) + pos  # (B, N, D) + (N, D)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # -> (B, 1 + N, D)
         return x
 
-    def forward(self, images: torch.Tensor, need_weights: bool = False) -> ViTOutput:
-        """(B, C, H, W) -> :class:`ViTOutput` (attentions per layer when ``need_weights``)."""
-        out = self.encoder(self.embed(images), need_weights=need_weights)
+    def forward(self, images: torch.Tensor, need_weights: bool = False,
+                positions: Optional[torch.Tensor] = None) -> ViTOutput:
+        """(B, C, H, W) -> :class:`ViTOutput` (attentions per layer when ``need_weights``); ``positions`` (N, D),
+        if given, stands in for the position table in this call (see :meth:`embed`)."""
+        out = self.encoder(self.embed(images, positions), need_weights=need_weights)
         h = out.last_hidden_state  # (B, T, D)
         pooled = h[:, 0] if self.cls_token is not None else h.mean(dim=1)  # (B, T, D) -> (B, D)
         return ViTOutput(self.head(pooled), out.attentions)
