@@ -34,7 +34,7 @@ __all__ = ["RUNS", "RUNS_FILE", "main", "read_runs", "run_one"]
 
 #: Where the results are recorded.
 RUNS_FILE = CHECKPOINT_DIR / "bottleneck_runs.json"
-#: The runs, in the order they are made: (recipe name, seed, steps, hidden_dim).
+#: The runs in the order they are made, each a (recipe name, seed, steps, hidden_dim) tuple.
 RUNS = (
     *((name, seed, 600, 32) for seed in (1, 2, 3, 4) for name in ("plain", "bahdanau")),  # other seeds
     *(run for seed in (0, 1, 2) for run in (
