@@ -9,7 +9,8 @@ Every model here shares one encoder, a bidirectional GRU whose outputs ``h_j = [
 The decoders differ in what each step reads:
 
 - :class:`PlainDecoder` (no attention): the context is the encoder's final state, the same at every step,
-  the fixed-length bottleneck that attention removes;
+  one fixed-length vector whatever the source's length (the bottleneck Bahdanau et al. conjectured; attention
+  gives each step a context of its own instead);
 - :class:`BahdanauDecoder`: ``c_t`` from :class:`~attention_core.models.rnn_attention.AdditiveAttention` queried with
   the previous state ``s_{t-1}``; then ``s_t = GRU([E y_{t-1}; c_t], s_{t-1})``;
 - :class:`LuongDecoder`: ``h_t = GRU([E y_{t-1}; h~_{t-1}], h_{t-1})`` (input feeding), then ``c_t`` from
@@ -112,7 +113,7 @@ class _GRUDecoder(nn.Module):
 
 
 class PlainDecoder(_GRUDecoder):
-    """No attention: every step reads the same context, the encoder's final state (the bottleneck).
+    """No attention: every step reads the same context, the encoder's final state (one fixed-length vector).
 
     ``s_t = GRU([E y_{t-1}; c], s_{t-1})``, logits ``= W_o [s_t; c; E y_{t-1}]`` with ``c = h_final``.
     """
