@@ -8,6 +8,8 @@ A wing of its own, beside the attention core (which never imports it):
 - :mod:`~attention_core.translation.metrics`: exact match, token accuracy, scores by source length;
 - :mod:`~attention_core.translation.train`: one training loop, one recipe type, the shipped checkpoints and the
   command line that made them (``python -m attention_core.translation.train NAME | --all``);
+- :mod:`~attention_core.translation.sweep`: chapter 8's learning-rate sweep and seeds for the Transformer and
+  Bahdanau's model, recorded in ``checkpoints/lr_sweep.json`` (``python -m attention_core.translation.sweep``);
 - :class:`EncoderDecoder`: the interface all models speak.
 """
 

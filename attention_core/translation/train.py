@@ -122,10 +122,12 @@ class Recipe(TrainRecipe):
 
     ``model`` holds the model's settings (``kind``: ``"plain"``, ``"bahdanau"``, ``"luong"`` or
     ``"transformer"``, and that kind's sizes; see :func:`build_model`); the other fields are the training
-    budget (those of :class:`~attention_core.training.loop.TrainRecipe`), the same for every model so that the
-    chapters compare them on equal terms. Training batches come from ``NumberWords().stream(batch_size,
-    data_seed)``; Adam, no warm-up, the learning rate on a cosine from ``lr`` to ``min_lr_ratio * lr``, gradient
-    norm clipped at ``clip``; parameters are initialised from ``seed``.
+    budget (those of :class:`~attention_core.training.loop.TrainRecipe`): the same batches, steps, schedule and
+    clipping for every model, and one learning rate for all, tuned for none of them in particular
+    (:mod:`attention_core.translation.sweep` gives the Transformer and Bahdanau's model a small learning-rate
+    sweep each, and several seeds). Training batches come from ``NumberWords().stream(batch_size, data_seed)``;
+    Adam, no warm-up, the learning rate on a cosine from ``lr`` to ``min_lr_ratio * lr``, gradient norm clipped at
+    ``clip``; parameters are initialised from ``seed``.
     """
 
     model: Dict[str, Any] = field(default_factory=dict)
@@ -149,8 +151,9 @@ class Recipe(TrainRecipe):
 
 _RNN = {"embed_dim": 32, "hidden_dim": 32}
 _LUONG = {"kind": "luong", **_RNN, "input_feeding": True, "window": 3}
-#: The Transformer is as large as the RNN models (about 62k parameters); no dropout: every batch is freshly
-#: generated, so the model cannot overfit.
+#: The Transformer is as large as the RNN models (about 62k parameters); no dropout, as for the RNN models: every
+#: batch is freshly drawn (short numbers do recur in the stream, and some test numbers occur in it: chapter 8
+#: counts them).
 _TRANSFORMER = {"kind": "transformer", "d_model": 32, "num_heads": 4, "num_encoder_layers": 2,
                 "num_decoder_layers": 2, "dim_feedforward": 128, "dropout": 0.0, "norm_first": True}
 
