@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from attention_core.models.language_model import build_language_model
-from attention_core.models.long_context import clamped_offset_attention, forward_clamped_offsets
+from attention_core.models.long_context import (
+    clamped_offset_attention,
+    forward_clamped_offsets,
+    recent_and_spread_mask,
+)
 from attention_core.shakespeare import heads
 from attention_core.shakespeare.data import CharVocab, load_corpus, random_batch, repeat_random_tokens
 from attention_core.shakespeare.train import (
@@ -209,6 +213,57 @@ def test_clamped_attention_scores_far_keys_at_the_cap() -> None:
     scores = torch.stack([r(q[0, 0, 11], 11 - j if 11 - j <= 3 else 3) @ k[0, 0, j] for j in range(12)])
     want = (scores / 8 ** 0.5).softmax(0) @ v[0, 0]
     assert (out[0, 0, 11] - want).abs().max() < 1e-6  # (the rotary table is float32)
+
+
+@pytest.mark.parametrize("kv", [4, 1])
+def test_clamped_offsets_with_a_window_mask_equal_the_models_sliding_window(kv: int) -> None:
+    model = _tiny(kv=kv).double()
+    x = torch.randint(0, 11, (2, 20), generator=torch.Generator().manual_seed(4))
+    i, j = torch.arange(20)[:, None], torch.arange(20)[None, :]
+    window = (i - j) < 6  # (20, 20): the 6 most recent keys
+    ref = model(x, window=6).logits
+    assert (forward_clamped_offsets(model, x, 19, window) - ref).abs().max() < 1e-10  # nothing clamped
+    assert (forward_clamped_offsets(model, x, 5, window) - ref).abs().max() < 1e-10  # offsets <= 5 anyway
+    few = recent_and_spread_mask(20, 3, 2)  # far keys kept: the cap now matters
+    assert (forward_clamped_offsets(model, x, 19, few) - forward_clamped_offsets(model, x, 2, few)).abs().max() > 1e-4
+    assert (forward_clamped_offsets(model, x, 19, few) - model(x).logits).abs().max() > 1e-4  # keys dropped
+
+
+def test_clamped_attention_refuses_a_mask_that_does_not_fit() -> None:
+    q = torch.rand(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"attn_mask must be a bool \(L, L\) = \(4, 4\)"):
+        clamped_offset_attention(q, q, q, _LM.rotary, 1, torch.ones(4, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"attn_mask must be a bool"):
+        clamped_offset_attention(q, q, q, _LM.rotary, 1, torch.ones(4, 4))
+    with pytest.raises(ValueError, match="its diagonal must be all True"):
+        clamped_offset_attention(q, q, q, _LM.rotary, 1, torch.ones(4, 4, dtype=torch.bool).triu(1))
+
+
+def test_recent_and_spread_mask_keeps_the_recent_keys_and_spreads_the_rest() -> None:
+    m = recent_and_spread_mask(12, 3, 4)
+    assert m.shape == (12, 12) and m.dtype == torch.bool and not (m & ~torch.ones(12, 12).tril().bool()).any()
+    assert m.diagonal().all() and m.sum(1).max() == 7
+    assert m[:7, :7].equal(torch.ones(7, 7).tril().bool()) and not m[:7, 7:].any()  # <= 4 older keys: all kept
+    assert m[11].nonzero().flatten().tolist() == [0, 3, 5, 8, 9, 10, 11]  # 0, 8/3, 16/3, 8 rounded + recent 3
+    big = recent_and_spread_mask(300, 64, 64)
+    assert big.sum(1).max() == 128 and big[299, 236:].all() and big[299, 0] and big[299, 235]
+    assert recent_and_spread_mask(5, 2, 0).equal((torch.arange(5)[:, None] - torch.arange(5)[None, :]).le(1)
+                                                 & torch.ones(5, 5).tril().bool())
+    with pytest.raises(ValueError, match="recent"):
+        recent_and_spread_mask(5, 0, 2)
+
+
+def test_the_passage_study_rows_and_the_recorded_file(corpus) -> None:
+    from attention_core.shakespeare.passages import STARTS, load_passage_study, passage_study
+
+    record = passage_study(corpus, starts=[100], length=600)
+    row = record["main"][0]
+    assert record["starts"] == [100] and len(row) == 7 and len(record["sink"][0]) == 2
+    assert row["full"] > row["window 128"] and row["every key, offsets <= 127"] < row["full"]
+    with pytest.raises(ValueError, match="does not fit"):
+        passage_study(corpus, starts=[len(corpus.val) - 10], length=600)
+    shipped = load_passage_study()
+    assert shipped["starts"] == list(STARTS) and shipped["length"] == 2048 and len(shipped["main"]) == len(STARTS)
 
 
 def test_the_sink_recipe_from_the_command_line_reads_its_start_token(tmp_path: Path) -> None:
