@@ -35,6 +35,8 @@ import importlib
 import os
 import sys
 import textwrap
+import threading
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -341,15 +343,14 @@ def _drawn(spec: FunctionSpec, n: int = 12) -> tuple:
 
 
 def _same_mistake_elsewhere(fn: Callable[..., Any], mistake: Mistake, spec: FunctionSpec) -> bool:
-    """Whether the reader's function gives the mistake's output on every edge case and drawn input where the
-    mistake and the library differ."""
+    """Whether the reader's function gives the mistake's output on every edge case and drawn input: where the
+    mistake and the library differ, and also where the mistake gives the library's answer (a submission wrong
+    there makes another mistake, e.g. a window of half the width where the mistake only drops its edge)."""
     for case in (*spec.examples, *_drawn(spec)):
         try:
             made = spec.collected(mistake.fn, case)
         except Exception:  # noqa: BLE001 - the mistake crashes here: this case tells nothing
             continue
-        if _matches(made, spec.reference(*_clone(case)), spec):
-            continue  # the mistake gives the right answer here: it cannot tell
         if not _matches(_reader_output(fn, case, spec), made, spec):
             return False
     return True
@@ -421,12 +422,22 @@ def unavailable(spec: FunctionSpec, namespace: dict | None = None, fn: Callable[
                     namespace[key] = _blocked(originals.get(id(value), _label(key, spec)), spec)
         if fn is not None:
             _block_captured(fn, originals, spec, saved)
-        previous = sys.getprofile()
+        previous, previous_threads = sys.getprofile(), threading.getprofile()
         codes = {code: _label(name, spec) for code, name in _banned_code(saved).items()}
-        sys.setprofile(_refuse_banned_code(codes, _forbidden_files(spec), _banned_builtins(saved), spec))
+        builtins = _banned_builtins(saved)
+        codes.update(_swap_codes(saved, spec))  # a blocked function refuses in any thread, however reached
+        hook = _refuse_banned_code(codes, _forbidden_files(spec), builtins, spec)
+        sys.setprofile(hook)
+        threading.setprofile(hook)  # threads started while the reader's function runs
+        every_thread = getattr(threading, "setprofile_all_threads", None)  # Python 3.12+: running threads too
+        if every_thread is not None:
+            every_thread(hook)
         try:
             yield
         finally:
+            if every_thread is not None:
+                every_thread(previous)
+            threading.setprofile(previous_threads)
             sys.setprofile(previous)
     finally:
         for owner, attr, obj in reversed(saved):
@@ -453,6 +464,46 @@ def _banned_code(saved: list[tuple[Any, str, Any]]) -> dict[Any, str]:
             if code is not None:
                 codes.setdefault(code, name)  # the first entry carries the library name
     return codes
+
+
+def _refusing_code(label: str, spec: FunctionSpec, like: Any) -> Any:
+    """A code object that raises :class:`NotForThisExercise` for ``label`` whatever it is called with, under
+    ``like``'s name and file (what a traceback shows)."""
+    task = spec.task or f"to write {spec.name} yourself"
+    message = (f"{label} is not available while your {spec.name} runs: the exercise asks you {task}, with "
+               "tensor operations.")
+    source = ("def _refused(*args, **kwargs):\n"
+              f"    raise __import__({__name__!r}, fromlist=['_']).NotForThisExercise({message!r})\n")
+    namespace: dict[str, Any] = {}
+    exec(compile(source, like.co_filename, "exec"), namespace)  # noqa: S102 - our own two lines
+    code = namespace["_refused"].__code__.replace(co_name=like.co_name)
+    if hasattr(like, "co_qualname"):  # Python 3.11+
+        code = code.replace(co_qualname=like.co_qualname)
+    return code
+
+
+def _swap_codes(saved: list[tuple[Any, str, Any]], spec: FunctionSpec) -> dict[Any, str]:
+    """Give every blocked Python function (and every method of a blocked class) a body that refuses, and add
+    the original bodies to ``saved`` for the restore. The profile hook sees only the threads it is installed
+    in; the function object is the same in every thread, so a dict, a ``functools.partial`` or a thread pool
+    started before the check that holds it reaches the refusing body too. Functions with a closure keep
+    theirs (a code object must keep its free variables) and stay refused by the hook. Returns the refusing
+    bodies with their labels, for the hook's message."""
+    done: set[int] = set()
+    refusing: dict[Any, str] = {}
+    for _, name, obj in list(saved):
+        if name == "__code__":
+            continue
+        members = vars(obj).values() if isinstance(obj, type) else (obj,)
+        for member in members:
+            func = getattr(member, "__func__", member)
+            if not isinstance(func, types.FunctionType) or id(func) in done or func.__code__.co_freevars:
+                continue
+            done.add(id(func))
+            saved.append((func, "__code__", func.__code__))
+            func.__code__ = _refusing_code(_label(name, spec), spec, func.__code__)
+            refusing[func.__code__] = _label(name, spec)
+    return refusing
 
 
 def _banned_builtins(saved: list[tuple[Any, str, Any]]) -> dict[int, str]:
