@@ -25,6 +25,12 @@ calling it raises :class:`NotForThisExercise`, whose message says what to write.
   its code object's name when it runs (however it is reached: under that name, an alias taken before a
   ``del``, a ``functools.partial``, a class whose ``__call__`` is it); the name in the reader's namespace is
   patched too.
+
+The refusal holds in other threads as well: every blocked Python function (the library's named functions and
+classes, the worked solution) gets a body that refuses for the duration of the check, so a thread pool that
+holds one refuses too; and the profile hook that refuses the rest (forbidden modules, helpers) is installed
+for threads started during the check (and, on Python 3.12+, for running ones). A function of a forbidden
+module that is not named, called from a thread started before the check, is not seen on Python 3.11.
 """
 
 from __future__ import annotations
@@ -296,9 +302,9 @@ def _hint(fn: Callable[..., Any], got: Any, args: tuple, expected: Any, spec: Fu
     """The hint of the known mistake the reader's function behaves as, or ``None``.
 
     A mistake is named only when it tells apart on this input (its output differs from the library's) and the
-    reader's output matches it there, and on every edge case where the mistake and the library differ the
-    reader's output matches the mistake's too: a submission wrong for another reason (a dtype, a changed input,
-    another bug) is not told about an unrelated one.
+    reader's output matches it there, and the reader's output matches the mistake's on every edge case and drawn
+    input too (where the mistake is wrong, and where it gives the library's answer): a submission wrong for
+    another reason (a dtype, a changed input, another bug) is not told about an unrelated one.
     """
     for mistake in spec.mistakes:
         try:
