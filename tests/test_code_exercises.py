@@ -117,12 +117,21 @@ class _Own:
     """``own._linear`` and the like: a student's copy of a helper of a chapter's exercise module."""
 
     def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
         found = [vars(sys.modules[m])[name] for m in ce.SPEC_MODULES if name in vars(sys.modules[m])]
         assert len(found) == 1, f"{name}: defined in {len(found)} exercise modules"
-        return _outside(found[0])
+        copy = _outside(found[0])
+        setattr(self, name, copy)  # made once, here, from the helper's own code
+        return copy
 
 
 own = _Own()
+# Copies made now, outside any check: while a check runs the helpers' bodies refuse, and a copy made from one
+# then would refuse too (a mutant would fail for being refused, not for its mistake).
+for _name in sorted({n for m in ce.SPEC_MODULES for n, v in vars(sys.modules[m]).items() if _spec_module(v)}):
+    if sum(_name in vars(sys.modules[m]) for m in ce.SPEC_MODULES) == 1:
+        getattr(own, _name)
 
 
 # ------------------------------------------------------------------------------------------- mutants: ch. 1-4
@@ -1366,8 +1375,11 @@ def _pool_routes(ex, stash):
         "library class in a pool": lambda q, k, v, h: ex.submit(
             lambda: stash["cls"](kernel="boxcar", bandwidth=h)(q, k, v)[0]).result(),
         "worked solution in a new thread": lambda q, k, v, h: _in_a_thread(stash["solution"], q, k, v, h),
-        # a function of the forbidden module that no name patch reaches (the kernel, through KERNELS): refused
-        # by the hook, which threads started during the check get too (running ones only on Python 3.12+)
+        # a function of the forbidden module that no name patch reaches (the kernel, through KERNELS): its body
+        # refuses too, so a pool started before the check cannot run it; a new thread also gets the hook
+        "library kernel in a pool": lambda q, k, v, h: (lambda w: (w @ v) / (w > 0).float().sum(-1).clamp(min=1)
+                                                        / w.max().clamp(min=1e-30))(
+            ex.submit(stash["kernels"]["boxcar"], (q[:, None] - k[None, :]) / h).result()),
         "library kernel in a new thread": lambda q, k, v, h: _in_a_thread(
             lambda: (lambda w: (w @ v) / w.sum(-1).clamp(min=1))(
                 stash["kernels"]["boxcar"]((q[:, None] - k[None, :]) / h))),
@@ -1396,8 +1408,9 @@ def _in_a_thread(f, *args):
 @pytest.mark.parametrize("started_before", [True, False])
 def test_ch01_the_answer_run_in_another_thread_is_refused(started_before):
     """The profile hook sees only its own thread: a submission that hands the worked solution (kept in a dict,
-    or as a ``functools.partial``) or the library to a worker thread used to pass. The blocked functions' bodies
-    refuse for the check's duration, in every thread, and come back afterwards."""
+    or as a ``functools.partial``) or the library (a named function, a class, an unnamed kernel) to a worker
+    thread used to pass. The blocked functions' bodies refuse for the check's duration, in every thread, and
+    come back afterwards."""
     import concurrent.futures
     import functools
 
@@ -1409,7 +1422,7 @@ def test_ch01_the_answer_run_in_another_thread_is_refused(started_before):
     stash = {"solution": solution, "partial": functools.partial(solution), "nw": ac.nadaraya_watson,
              "cls": kr.NadarayaWatson, "kernels": dict(kr.KERNELS)}
     spec = ce.spec("ch01.boxcar_nw")
-    codes = (solution.__code__, ac.nadaraya_watson.__code__, kr.NadarayaWatson.forward.__code__)
+    codes = (solution.__code__, ac.nadaraya_watson.__code__, kr.NadarayaWatson.forward.__code__, kr.boxcar.__code__)
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         if started_before:
             ex.submit(int).result()  # the worker thread exists before the check starts
@@ -1418,7 +1431,8 @@ def test_ch01_the_answer_run_in_another_thread_is_refused(started_before):
                                             "exec").co_consts[0], namespace | {"body": body})
             report = code_checks.check_function(fn, spec)
             assert report.status == "failed" and LIBRARY in report.message, (route, report.message)
-    assert (solution.__code__, ac.nadaraya_watson.__code__, kr.NadarayaWatson.forward.__code__) == codes
+    assert (solution.__code__, ac.nadaraya_watson.__code__, kr.NadarayaWatson.forward.__code__,
+            kr.boxcar.__code__) == codes
     q, k, v = torch.tensor([0.0, 2.0]), torch.tensor([0.0, 0.5, 3.0]), torch.tensor([1.0, 3.0, 5.0])
     assert solution(q, k, v, 1.0).tolist() == [2.0, 5.0]  # the worked solution works again after the check
     assert check_passes_for_an_honest_thread_user(spec)
@@ -1437,3 +1451,15 @@ def worked_solution_source(key):
     name = key.split(".")[1]
     return next("".join(c["source"]) for c in _cells(key)
                 if c["cell_type"] == "code" and f"def {name}_solution(" in "".join(c["source"]))
+
+
+def test_torch_whole_answer_in_a_new_thread_is_refused():
+    """torch's SDPA (a builtin: no body to swap), kept under an alias taken before the check and run in a thread
+    started during it, is refused as in the reader's own thread."""
+    sdpa = F.scaled_dot_product_attention  # an alias taken before the check
+
+    def causal_attention(q, k, v):
+        return _in_a_thread(lambda: sdpa(q[None], k[None], v[None], is_causal=True)[0])
+
+    report = code_checks.check_function(causal_attention, ce.spec("ch05.causal_attention"))
+    assert report.status == "failed" and LIBRARY in report.message, report.message

@@ -29,8 +29,9 @@ calling it raises :class:`NotForThisExercise`, whose message says what to write.
 The refusal holds in other threads as well: every blocked Python function (the library's named functions and
 classes, the worked solution) gets a body that refuses for the duration of the check, so a thread pool that
 holds one refuses too; and the profile hook that refuses the rest (forbidden modules, helpers) is installed
-for threads started during the check (and, on Python 3.12+, for running ones). A function of a forbidden
-module that is not named, called from a thread started before the check, is not seen on Python 3.11.
+for threads started during the check (and, on Python 3.12+, for running ones). Every Python function whose
+code lives in a forbidden module gets a refusing body too, so a thread started before the check cannot reach
+them either; only functions with a closure, which keep their code, rely on the hook alone.
 """
 
 from __future__ import annotations
@@ -431,8 +432,11 @@ def unavailable(spec: FunctionSpec, namespace: dict | None = None, fn: Callable[
         previous, previous_threads = sys.getprofile(), threading.getprofile()
         codes = {code: _label(name, spec) for code, name in _banned_code(saved).items()}
         builtins = _banned_builtins(saved)
-        codes.update(_swap_codes(saved, spec))  # a blocked function refuses in any thread, however reached
-        hook = _refuse_banned_code(codes, _forbidden_files(spec), builtins, spec)
+        files = _forbidden_files(spec)
+        # a blocked function refuses in any thread, however reached: the named ones, and every Python function
+        # whose code lives in a forbidden file (what the hook refuses in the threads it sees)
+        codes.update(_swap_codes(saved, spec, _module_functions(files)))
+        hook = _refuse_banned_code(codes, files, builtins, spec)
         sys.setprofile(hook)
         threading.setprofile(hook)  # threads started while the reader's function runs
         every_thread = getattr(threading, "setprofile_all_threads", None)  # Python 3.12+: running threads too
@@ -472,9 +476,20 @@ def _banned_code(saved: list[tuple[Any, str, Any]]) -> dict[Any, str]:
     return codes
 
 
+#: (label, spec name, task, original code) -> its refusing code: made once, whatever the number of checks
+_REFUSING: dict[tuple, Any] = {}
+
+
 def _refusing_code(label: str, spec: FunctionSpec, like: Any) -> Any:
     """A code object that raises :class:`NotForThisExercise` for ``label`` whatever it is called with, under
     ``like``'s name and file (what a traceback shows)."""
+    key = (label, spec.name, spec.task, like)
+    if key not in _REFUSING:
+        _REFUSING[key] = _make_refusing_code(label, spec, like)
+    return _REFUSING[key]
+
+
+def _make_refusing_code(label: str, spec: FunctionSpec, like: Any) -> Any:
     task = spec.task or f"to write {spec.name} yourself"
     message = (f"{label} is not available while your {spec.name} runs: the exercise asks you {task}, with "
                "tensor operations.")
@@ -488,16 +503,55 @@ def _refusing_code(label: str, spec: FunctionSpec, like: Any) -> Any:
     return code
 
 
-def _swap_codes(saved: list[tuple[Any, str, Any]], spec: FunctionSpec) -> dict[Any, str]:
+def _module_functions(files: tuple[tuple[str, ...], dict[str, str]]) -> list[tuple[None, str, Any]]:
+    """``(None, dotted name, function)`` for every Python function (and method of a class) defined in a loaded
+    module whose file is forbidden, with its code in a forbidden file."""
+    prefixes, _ = files
+    key = (prefixes, len(sys.modules))  # a module imported since is looked at again
+    if key in _FUNCTIONS:
+        return _FUNCTIONS[key]
+    seen = _FORBIDDEN_FILE.setdefault(prefixes, {})
+
+    def forbidden(filename: str) -> bool:
+        if filename not in seen:
+            real = os.path.realpath(filename) if filename and not filename.startswith("<") else filename
+            seen[filename] = any(real == p or (p.endswith(os.sep) and real.startswith(p)) for p in prefixes)
+        return seen[filename]
+
+    found: list[tuple[None, str, Any]] = []
+    taken: set[int] = set()
+    for module_name, module in list(sys.modules.items()):
+        if not forbidden(getattr(module, "__file__", None) or "<none>"):
+            continue
+        for obj in list(vars(module).values()):
+            own_class = isinstance(obj, type) and getattr(obj, "__module__", None) == module_name
+            for member in (list(vars(obj).values()) if own_class else [obj]):
+                func = getattr(member, "__func__", member)
+                if (isinstance(func, types.FunctionType) and id(func) not in taken
+                        and forbidden(func.__code__.co_filename)):
+                    taken.add(id(func))
+                    found.append((None, f"{func.__module__}.{func.__qualname__}", func))
+    _FUNCTIONS[key] = found
+    return found
+
+
+#: forbidden file prefixes -> {file name: forbidden?}, and (prefixes, number of modules) -> their functions
+_FORBIDDEN_FILE: dict[tuple[str, ...], dict[str, bool]] = {}
+_FUNCTIONS: dict[tuple[tuple[str, ...], int], list[tuple[None, str, Any]]] = {}
+
+
+def _swap_codes(saved: list[tuple[Any, str, Any]], spec: FunctionSpec,
+                more: Sequence[tuple[Any, str, Any]] = ()) -> dict[Any, str]:
     """Give every blocked Python function (and every method of a blocked class) a body that refuses, and add
     the original bodies to ``saved`` for the restore. The profile hook sees only the threads it is installed
     in; the function object is the same in every thread, so a dict, a ``functools.partial`` or a thread pool
     started before the check that holds it reaches the refusing body too. Functions with a closure keep
-    theirs (a code object must keep its free variables) and stay refused by the hook. Returns the refusing
-    bodies with their labels, for the hook's message."""
+    theirs (a code object must keep its free variables) and stay refused by the hook. ``more``: further
+    functions to swap (those of the forbidden modules). Returns the refusing bodies with their labels, for the
+    hook's message."""
     done: set[int] = set()
     refusing: dict[Any, str] = {}
-    for _, name, obj in list(saved):
+    for _, name, obj in [*saved, *more]:
         if name == "__code__":
             continue
         members = vars(obj).values() if isinstance(obj, type) else (obj,)
