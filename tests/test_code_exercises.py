@@ -11,6 +11,7 @@ the exercise asks for, and the library is whole again afterwards.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -116,12 +117,21 @@ class _Own:
     """``own._linear`` and the like: a student's copy of a helper of a chapter's exercise module."""
 
     def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
         found = [vars(sys.modules[m])[name] for m in ce.SPEC_MODULES if name in vars(sys.modules[m])]
         assert len(found) == 1, f"{name}: defined in {len(found)} exercise modules"
-        return _outside(found[0])
+        copy = _outside(found[0])
+        setattr(self, name, copy)  # made once, here, from the helper's own code
+        return copy
 
 
 own = _Own()
+# Copies made now, outside any check: while a check runs the helpers' bodies refuse, and a copy made from one
+# then would refuse too (a mutant would fail for being refused, not for its mistake).
+for _name in sorted({n for m in ce.SPEC_MODULES for n, v in vars(sys.modules[m]).items() if _spec_module(v)}):
+    if sum(_name in vars(sys.modules[m]) for m in ce.SPEC_MODULES) == 1:
+        getattr(own, _name)
 
 
 # ------------------------------------------------------------------------------------------- mutants: ch. 1-4
@@ -1320,3 +1330,136 @@ def test_another_chapters_helper_is_refused_too():
     report = code_checks.check_function(with_chapter_2s_softmax, ce.spec("ch08.causal_attention"))
     assert report.status == "failed" and "exercises_scoring._softmax_guarded" in report.message, report.message
     assert set(ce.SPEC_MODULES) >= {fn.__module__ for fn in ce._BUILDERS.values()}
+
+
+# ------------------------------------------------------------------ ch. 1: the half-width hint; routes in threads
+
+
+def _ch01_half_width(q, k, v, h):
+    return (_inside(q, k, h / 2) @ v) / _inside(q, k, h / 2).sum(-1).clamp(min=1)
+
+
+def test_ch01_a_half_width_window_is_not_told_about_the_edge():
+    """`<= h / 2` (h read as the window's full width) and `<` (the edge dropped) agree on the statement's
+    example; the edge case with a key between h/2 and h tells them apart, so each gets its own hint."""
+    spec = ce.spec("ch01.boxcar_nw")
+    edge = next(m for m in spec.mistakes if "(<=, not <)" in m.hint)
+    half = next(m for m in spec.mistakes if "half-width" in m.hint)
+    # the edge cases themselves tell the two apart, whatever inputs hypothesis draws
+    assert any(not torch.equal(half.fn(*case), edge.fn(*case)) for case in spec.examples)
+    message = code_checks.check_function(_ch01_half_width, spec).message
+    assert f"Hint: {edge.hint}" not in message, message
+    assert f"Hint: {half.hint}" in message, message
+    strict = lambda q, k, v, h: (((q[:, None] - k[None, :]).abs() < h).float() @ v) / (  # noqa: E731
+        (q[:, None] - k[None, :]).abs() < h).float().sum(-1).clamp(min=1)
+    assert f"Hint: {edge.hint}" in code_checks.check_function(strict, spec).message
+
+
+def test_a_hint_needs_the_mistake_on_every_case_not_only_where_it_is_wrong():
+    """A submission that matches the edge mistake wherever that mistake is wrong, but is wrong where the mistake
+    is right, makes another mistake: the edge hint is not given (a hint chosen on the telling inputs alone
+    misnamed the half-width window)."""
+    spec = ce.spec("ch01.boxcar_nw")
+    edge = next(m for m in spec.mistakes if "(<=, not <)" in m.hint)
+    lone = dataclasses.replace(spec, mistakes=(edge,))  # the edge mistake only: no other hint can answer
+    message = code_checks.check_function(_ch01_half_width, lone).message
+    assert "Hint:" not in message, message
+
+
+def _pool_routes(ex, stash):
+    return {
+        "worked solution in a pool": lambda q, k, v, h: ex.submit(stash["solution"], q, k, v, h).result(),
+        "a partial of it in a pool": lambda q, k, v, h: ex.submit(stash["partial"], q, k, v, h).result(),
+        "library in a pool": lambda q, k, v, h: ex.submit(
+            lambda: stash["nw"](q, k, v, kernel="boxcar", bandwidth=h)).result(),
+        "library class in a pool": lambda q, k, v, h: ex.submit(
+            lambda: stash["cls"](kernel="boxcar", bandwidth=h)(q, k, v)[0]).result(),
+        "worked solution in a new thread": lambda q, k, v, h: _in_a_thread(stash["solution"], q, k, v, h),
+        # a function of the forbidden module that no name patch reaches (the kernel, through KERNELS): its body
+        # refuses too, so a pool started before the check cannot run it; a new thread also gets the hook
+        "library kernel in a pool": lambda q, k, v, h: (lambda w: (w @ v) / (w > 0).float().sum(-1).clamp(min=1)
+                                                        / w.max().clamp(min=1e-30))(
+            ex.submit(stash["kernels"]["boxcar"], (q[:, None] - k[None, :]) / h).result()),
+        "library kernel in a new thread": lambda q, k, v, h: _in_a_thread(
+            lambda: (lambda w: (w @ v) / w.sum(-1).clamp(min=1))(
+                stash["kernels"]["boxcar"]((q[:, None] - k[None, :]) / h))),
+    }
+
+
+def _in_a_thread(f, *args):
+    import threading
+
+    out = {}
+
+    def run():
+        try:
+            out["value"] = f(*args)
+        except Exception as err:  # noqa: BLE001 - handed back to the caller's thread
+            out["error"] = err
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@pytest.mark.parametrize("started_before", [True, False])
+def test_ch01_the_answer_run_in_another_thread_is_refused(started_before):
+    """The profile hook sees only its own thread: a submission that hands the worked solution (kept in a dict,
+    or as a ``functools.partial``) or the library (a named function, a class, an unnamed kernel) to a worker
+    thread used to pass. The blocked functions' bodies refuse for the check's duration, in every thread, and
+    come back afterwards."""
+    import concurrent.futures
+    import functools
+
+    from attention_core import kernel_regression as kr
+
+    namespace = {"torch": torch}
+    exec(compile(worked_solution_source("ch01.boxcar_nw"), "<ch01 after Run all>", "exec"), namespace)  # noqa: S102
+    solution = namespace["boxcar_nw_solution"]
+    stash = {"solution": solution, "partial": functools.partial(solution), "nw": ac.nadaraya_watson,
+             "cls": kr.NadarayaWatson, "kernels": dict(kr.KERNELS)}
+    spec = ce.spec("ch01.boxcar_nw")
+    codes = (solution.__code__, ac.nadaraya_watson.__code__, kr.NadarayaWatson.forward.__code__, kr.boxcar.__code__)
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        if started_before:
+            ex.submit(int).result()  # the worker thread exists before the check starts
+        for route, body in _pool_routes(ex, stash).items():
+            fn = types.FunctionType(compile("def boxcar_nw(q, k, v, h):\n    return body(q, k, v, h)\n", "<reader>",
+                                            "exec").co_consts[0], namespace | {"body": body})
+            report = code_checks.check_function(fn, spec)
+            assert report.status == "failed" and LIBRARY in report.message, (route, report.message)
+    assert (solution.__code__, ac.nadaraya_watson.__code__, kr.NadarayaWatson.forward.__code__,
+            kr.boxcar.__code__) == codes
+    q, k, v = torch.tensor([0.0, 2.0]), torch.tensor([0.0, 0.5, 3.0]), torch.tensor([1.0, 3.0, 5.0])
+    assert solution(q, k, v, 1.0).tolist() == [2.0, 5.0]  # the worked solution works again after the check
+    assert check_passes_for_an_honest_thread_user(spec)
+
+
+def check_passes_for_an_honest_thread_user(spec):
+    """Threads are not refused as such: a reader's own code run in a thread passes."""
+    def mine(q, k, v, h):
+        inside = ((q[:, None] - k[None, :]).abs() <= h).float()
+        return (inside @ v) / inside.sum(-1).clamp(min=1)
+
+    return code_checks.check_function(lambda q, k, v, h: _in_a_thread(mine, q, k, v, h), spec).passed
+
+
+def worked_solution_source(key):
+    name = key.split(".")[1]
+    return next("".join(c["source"]) for c in _cells(key)
+                if c["cell_type"] == "code" and f"def {name}_solution(" in "".join(c["source"]))
+
+
+def test_torch_whole_answer_in_a_new_thread_is_refused():
+    """torch's SDPA (a builtin: no body to swap), kept under an alias taken before the check and run in a thread
+    started during it, is refused as in the reader's own thread."""
+    sdpa = F.scaled_dot_product_attention  # an alias taken before the check
+
+    def causal_attention(q, k, v):
+        return _in_a_thread(lambda: sdpa(q[None], k[None], v[None], is_causal=True)[0])
+
+    report = code_checks.check_function(causal_attention, ce.spec("ch05.causal_attention"))
+    assert report.status == "failed" and LIBRARY in report.message, report.message

@@ -66,6 +66,83 @@ def _patterned(positions: list[int]) -> str | None:
     return None
 
 
+def _repeats(positions: list[int], spans: dict[int, int]) -> str | None:
+    """A stretch that repeats a block of period p <= 4 (not all one slot: runs are found above) over spans[p]
+    positions, e.g. A, C, A, C (period 2 over 4) or A, B, D, A, B, D (period 3 over 6); or None."""
+    for period, span in spans.items():
+        for i in range(len(positions) - span + 1):
+            window = positions[i:i + span]
+            if len(set(window[:period])) > 1 and all(window[j] == window[j % period] for j in range(span)):
+                return f"period {period} at {i}: {window}"
+    return None
+
+
+#: how long a repeated block may not go on: on the review page twice for periods 2 to 4; across the chapters'
+#: quizzes (one per chapter, in book order) two and a half times for periods 2 and 3, twice for 4
+REVIEW_SPANS = {2: 4, 3: 6, 4: 8}
+CHAPTER_SPANS = {2: 5, 3: 7, 4: 8}
+
+
+def _review_faults(quizzes: list[dict]) -> list[str]:
+    """Every cue a sequence of quizzes gives besides knowing: an uneven spread of the right option's slot (more
+    than 1 from even), a sequence pattern (a cycle, a run, a repeated block of period <= 4), the right option
+    strictly the longest in more than a quarter of the questions, or the only hedged option."""
+    faults = []
+    positions = _positions(quizzes)
+    if not _balanced(positions, slack=1):
+        faults.append(f"uneven slots {sorted(Counter(positions).items())}")
+    why = _patterned(positions) or _repeats(positions, REVIEW_SPANS)
+    if why:
+        faults.append(f"pattern: {why}")
+    longest = sum(len(q["options"][q["answer"]]) > max(len(o) for i, o in enumerate(q["options"]) if i != q["answer"])
+                  for q in quizzes)
+    if longest > len(quizzes) / 4:
+        faults.append(f"the right option strictly the longest in {longest} of {len(quizzes)}")
+    for q in quizzes:
+        hedged = [bool(HEDGE.search(o)) for o in q["options"]]
+        if hedged[q["answer"]] and sum(hedged) == 1:
+            faults.append(f"only the right option is hedged: {q['question'][:40]!r}")
+    return faults
+
+
+def _moved(q: dict, slot: int) -> dict:
+    """The same question with its right option moved to ``slot`` (swapped with the option there)."""
+    options = list(q["options"])
+    options[q["answer"]], options[slot] = options[slot], options[q["answer"]]
+    return dict(q, options=options, answer=slot)
+
+
+def test_the_review_page_gives_no_cue() -> None:
+    review = BY_PAGE[REVIEW.name]
+    assert _review_faults(review) == [], _review_faults(review)
+
+
+def test_the_review_checks_catch_each_cue_on_the_page_itself() -> None:
+    """Mutants of the review page's own questions, one cue each; the check names that cue."""
+    review = BY_PAGE[REVIEW.name]
+    n = len(review)
+
+    def faults_of(slots: list[int]) -> list[str]:
+        return _review_faults([_moved(q, s) for q, s in zip(review, slots)])
+
+    assert any("pattern: a cycle" in f for f in faults_of([i % 4 for i in range(n)]))  # A, B, C, D, A, ...
+    assert any("pattern: a cycle" in f for f in faults_of([(3 - i) % 4 for i in range(n)]))  # D, C, B, A, ...
+    assert any("pattern: a run" in f for f in faults_of(sorted(i % 4 for i in range(n))))  # blocks of one slot
+    assert any("uneven" in f for f in faults_of([(0, 1, 2)[i % 3] for i in range(n)]))  # D never used
+    slots = _positions(review)
+    assert any("period 3" in f for f in faults_of([0, 2, 3, 0, 2, 3] + slots[6:]))  # A, C, D twice
+    i = next(i for i in range(n - 3) if slots[i] != slots[i + 1])  # A, C, A, C inside the page's own order
+    assert any("period 2" in f for f in faults_of(slots[:i + 2] + slots[i:i + 2] + slots[i + 4:]))
+    twice = slots[:4] * 2 + slots[12:]  # the page's first four slots twice, then its thirteenth on: period 4
+    assert any("period 4" in f for f in faults_of(twice)), faults_of(twice)
+    long_ = [dict(q, options=[o + " and all that it implies" if j == q["answer"] else o
+                              for j, o in enumerate(q["options"])]) for q in review]
+    assert any("strictly the longest" in f for f in _review_faults(long_))
+    hedged = [dict(q, options=[("usually " + o if j == q["answer"] else HEDGE.sub("", o))
+                               for j, o in enumerate(q["options"])]) for q in review[:1]] + review[1:]
+    assert any("only the right option is hedged" in f for f in _review_faults(hedged))
+
+
 def test_every_quiz_has_four_options() -> None:
     assert len(ALL) >= 40, len(ALL)
     assert {len(q["options"]) for q in ALL} == {4}
@@ -83,7 +160,7 @@ def test_right_positions_spread_evenly_over_the_book_and_the_review_page() -> No
 def test_right_positions_follow_no_pattern() -> None:
     for name, seq in (("chapters", [q["answer"] for p in CHAPTERS for q in BY_PAGE[p.name]]),
                       ("review page", _positions(BY_PAGE[REVIEW.name]))):
-        why = _patterned(seq)
+        why = _patterned(seq) or _repeats(seq, CHAPTER_SPANS)
         assert why is None, f"{name}: the right positions {seq} show {why}"
 
 

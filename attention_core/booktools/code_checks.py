@@ -25,6 +25,13 @@ calling it raises :class:`NotForThisExercise`, whose message says what to write.
   its code object's name when it runs (however it is reached: under that name, an alias taken before a
   ``del``, a ``functools.partial``, a class whose ``__call__`` is it); the name in the reader's namespace is
   patched too.
+
+The refusal holds in other threads as well: every blocked Python function (the library's named functions and
+classes, the worked solution) gets a body that refuses for the duration of the check, so a thread pool that
+holds one refuses too; and the profile hook that refuses the rest (forbidden modules, helpers) is installed
+for threads started during the check (and, on Python 3.12+, for running ones). Every Python function whose
+code lives in a forbidden module gets a refusing body too, so a thread started before the check cannot reach
+them either; only functions with a closure, which keep their code, rely on the hook alone.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ import importlib
 import os
 import sys
 import textwrap
+import threading
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -294,9 +303,9 @@ def _hint(fn: Callable[..., Any], got: Any, args: tuple, expected: Any, spec: Fu
     """The hint of the known mistake the reader's function behaves as, or ``None``.
 
     A mistake is named only when it tells apart on this input (its output differs from the library's) and the
-    reader's output matches it there, and on every edge case where the mistake and the library differ the
-    reader's output matches the mistake's too: a submission wrong for another reason (a dtype, a changed input,
-    another bug) is not told about an unrelated one.
+    reader's output matches it there, and the reader's output matches the mistake's on every edge case and drawn
+    input too (where the mistake is wrong, and where it gives the library's answer): a submission wrong for
+    another reason (a dtype, a changed input, another bug) is not told about an unrelated one.
     """
     for mistake in spec.mistakes:
         try:
@@ -341,15 +350,14 @@ def _drawn(spec: FunctionSpec, n: int = 12) -> tuple:
 
 
 def _same_mistake_elsewhere(fn: Callable[..., Any], mistake: Mistake, spec: FunctionSpec) -> bool:
-    """Whether the reader's function gives the mistake's output on every edge case and drawn input where the
-    mistake and the library differ."""
+    """Whether the reader's function gives the mistake's output on every edge case and drawn input: where the
+    mistake and the library differ, and also where the mistake gives the library's answer (a submission wrong
+    there makes another mistake, e.g. a window of half the width where the mistake only drops its edge)."""
     for case in (*spec.examples, *_drawn(spec)):
         try:
             made = spec.collected(mistake.fn, case)
         except Exception:  # noqa: BLE001 - the mistake crashes here: this case tells nothing
             continue
-        if _matches(made, spec.reference(*_clone(case)), spec):
-            continue  # the mistake gives the right answer here: it cannot tell
         if not _matches(_reader_output(fn, case, spec), made, spec):
             return False
     return True
@@ -421,12 +429,25 @@ def unavailable(spec: FunctionSpec, namespace: dict | None = None, fn: Callable[
                     namespace[key] = _blocked(originals.get(id(value), _label(key, spec)), spec)
         if fn is not None:
             _block_captured(fn, originals, spec, saved)
-        previous = sys.getprofile()
+        previous, previous_threads = sys.getprofile(), threading.getprofile()
         codes = {code: _label(name, spec) for code, name in _banned_code(saved).items()}
-        sys.setprofile(_refuse_banned_code(codes, _forbidden_files(spec), _banned_builtins(saved), spec))
+        builtins = _banned_builtins(saved)
+        files = _forbidden_files(spec)
+        # a blocked function refuses in any thread, however reached: the named ones, and every Python function
+        # whose code lives in a forbidden file (what the hook refuses in the threads it sees)
+        codes.update(_swap_codes(saved, spec, _module_functions(files)))
+        hook = _refuse_banned_code(codes, files, builtins, spec)
+        sys.setprofile(hook)
+        threading.setprofile(hook)  # threads started while the reader's function runs
+        every_thread = getattr(threading, "setprofile_all_threads", None)  # Python 3.12+: running threads too
+        if every_thread is not None:
+            every_thread(hook)
         try:
             yield
         finally:
+            if every_thread is not None:
+                every_thread(previous)
+            threading.setprofile(previous_threads)
             sys.setprofile(previous)
     finally:
         for owner, attr, obj in reversed(saved):
@@ -453,6 +474,96 @@ def _banned_code(saved: list[tuple[Any, str, Any]]) -> dict[Any, str]:
             if code is not None:
                 codes.setdefault(code, name)  # the first entry carries the library name
     return codes
+
+
+#: (label, spec name, task, original code) -> its refusing code: made once, whatever the number of checks
+_REFUSING: dict[tuple, Any] = {}
+
+
+def _refusing_code(label: str, spec: FunctionSpec, like: Any) -> Any:
+    """A code object that raises :class:`NotForThisExercise` for ``label`` whatever it is called with, under
+    ``like``'s name and file (what a traceback shows)."""
+    key = (label, spec.name, spec.task, like)
+    if key not in _REFUSING:
+        _REFUSING[key] = _make_refusing_code(label, spec, like)
+    return _REFUSING[key]
+
+
+def _make_refusing_code(label: str, spec: FunctionSpec, like: Any) -> Any:
+    task = spec.task or f"to write {spec.name} yourself"
+    message = (f"{label} is not available while your {spec.name} runs: the exercise asks you {task}, with "
+               "tensor operations.")
+    source = ("def _refused(*args, **kwargs):\n"
+              f"    raise __import__({__name__!r}, fromlist=['_']).NotForThisExercise({message!r})\n")
+    namespace: dict[str, Any] = {}
+    exec(compile(source, like.co_filename, "exec"), namespace)  # noqa: S102 - our own two lines
+    code = namespace["_refused"].__code__.replace(co_name=like.co_name)
+    if hasattr(like, "co_qualname"):  # Python 3.11+
+        code = code.replace(co_qualname=like.co_qualname)
+    return code
+
+
+def _module_functions(files: tuple[tuple[str, ...], dict[str, str]]) -> list[tuple[None, str, Any]]:
+    """``(None, dotted name, function)`` for every Python function (and method of a class) defined in a loaded
+    module whose file is forbidden, with its code in a forbidden file."""
+    prefixes, _ = files
+    key = (prefixes, len(sys.modules))  # a module imported since is looked at again
+    if key in _FUNCTIONS:
+        return _FUNCTIONS[key]
+    seen = _FORBIDDEN_FILE.setdefault(prefixes, {})
+
+    def forbidden(filename: str) -> bool:
+        if filename not in seen:
+            real = os.path.realpath(filename) if filename and not filename.startswith("<") else filename
+            seen[filename] = any(real == p or (p.endswith(os.sep) and real.startswith(p)) for p in prefixes)
+        return seen[filename]
+
+    found: list[tuple[None, str, Any]] = []
+    taken: set[int] = set()
+    for module_name, module in list(sys.modules.items()):
+        if not forbidden(getattr(module, "__file__", None) or "<none>"):
+            continue
+        for obj in list(vars(module).values()):
+            own_class = isinstance(obj, type) and getattr(obj, "__module__", None) == module_name
+            for member in (list(vars(obj).values()) if own_class else [obj]):
+                func = getattr(member, "__func__", member)
+                if (isinstance(func, types.FunctionType) and id(func) not in taken
+                        and forbidden(func.__code__.co_filename)):
+                    taken.add(id(func))
+                    found.append((None, f"{func.__module__}.{func.__qualname__}", func))
+    _FUNCTIONS[key] = found
+    return found
+
+
+#: forbidden file prefixes -> {file name: forbidden?}, and (prefixes, number of modules) -> their functions
+_FORBIDDEN_FILE: dict[tuple[str, ...], dict[str, bool]] = {}
+_FUNCTIONS: dict[tuple[tuple[str, ...], int], list[tuple[None, str, Any]]] = {}
+
+
+def _swap_codes(saved: list[tuple[Any, str, Any]], spec: FunctionSpec,
+                more: Sequence[tuple[Any, str, Any]] = ()) -> dict[Any, str]:
+    """Give every blocked Python function (and every method of a blocked class) a body that refuses, and add
+    the original bodies to ``saved`` for the restore. The profile hook sees only the threads it is installed
+    in; the function object is the same in every thread, so a dict, a ``functools.partial`` or a thread pool
+    started before the check that holds it reaches the refusing body too. Functions with a closure keep
+    theirs (a code object must keep its free variables) and stay refused by the hook. ``more``: further
+    functions to swap (those of the forbidden modules). Returns the refusing bodies with their labels, for the
+    hook's message."""
+    done: set[int] = set()
+    refusing: dict[Any, str] = {}
+    for _, name, obj in [*saved, *more]:
+        if name == "__code__":
+            continue
+        members = vars(obj).values() if isinstance(obj, type) else (obj,)
+        for member in members:
+            func = getattr(member, "__func__", member)
+            if not isinstance(func, types.FunctionType) or id(func) in done or func.__code__.co_freevars:
+                continue
+            done.add(id(func))
+            saved.append((func, "__code__", func.__code__))
+            func.__code__ = _refusing_code(_label(name, spec), spec, func.__code__)
+            refusing[func.__code__] = _label(name, spec)
+    return refusing
 
 
 def _banned_builtins(saved: list[tuple[Any, str, Any]]) -> dict[int, str]:

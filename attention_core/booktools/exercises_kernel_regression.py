@@ -1,7 +1,8 @@
 """Chapter 1's code exercise (``ch01.boxcar_nw``): the boxcar Nadaraya-Watson estimate.
 
 Its edge cases sit on the window's exact edge and on empty windows; its known mistakes are the chapter's
-warnings (0 / 0 for an empty window, ``<`` for ``<=``, dividing by every key, a sum for a mean).
+warnings (0 / 0 for an empty window, ``<`` for ``<=``, dividing by every key, a sum for a mean), and h read as
+the window's full width (``<= h / 2``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def _boxcar_strict(q, k, v, h):
     return (w @ v) / w.sum(-1).clamp(min=1)
 
 
+def _boxcar_half_width(q, k, v, h):
+    w = _inside(q, k, h / 2)
+    return (w @ v) / w.sum(-1).clamp(min=1)
+
+
 def _boxcar_all_keys(q, k, v, h):
     return (_inside(q, k, h) @ v) / k.shape[0]
 
@@ -64,6 +70,7 @@ def build() -> FunctionSpec:
             (T([0.0]), T([3.0]), T([2.0]), 1.0),  # an empty window
             (T([0.0, 1.0]), T([1.0, 2.0]), T([4.0, -2.0]), 1.0),  # keys exactly h away
             (T([0.5]), T([0.5]), T([3.0]), 0.25),  # length 1
+            (T([0.0]), T([0.75]), T([2.0]), 1.0),  # a key between h/2 and h: tells a half-width window from `<`
         ),
         unavailable=("attention_core.nadaraya_watson", "attention_core.nadaraya_watson_weights",
                      "attention_core.kernel_regression.nadaraya_watson",
@@ -74,6 +81,8 @@ def build() -> FunctionSpec:
         mistakes=(
             Mistake("a query with no key within h divides 0 by 0; its estimate must be 0, not NaN.", _boxcar_unguarded),
             Mistake("a key exactly h away is inside the window: the edge is included (<=, not <).", _boxcar_strict),
+            Mistake("h is the half-width: the window is [q - h, q + h], so a key up to h away on either side is "
+                    "inside (not h / 2).", _boxcar_half_width),
             Mistake("divide each window's sum by the number of keys in that window, not by all S keys.",
                     _boxcar_all_keys),
             Mistake("the estimate is a mean: the window's sum still has to be divided by its count.", _boxcar_sum),
