@@ -1,12 +1,17 @@
-"""Chapter 8's comparison on equal terms: a learning-rate sweep for each arm, then several seeds.
+"""Chapter 8's comparison: a learning-rate sweep for the Transformer, then several seeds for both arms.
 
 The book's recipes give Bahdanau's RNN model and the Transformer one learning rate (5e-3, chosen for the RNNs).
 This module trains both arms for the same number of steps on the same kind of batches, with
 
-1. a learning-rate sweep at seed 0 (``LRS``), each arm scored on the 500 validation numbers
-   (:func:`~attention_core.translation.metrics.book_validation_set`), and each arm's best rate chosen there;
-2. more seeds at each arm's chosen rate (a seed sets the initial weights, ``seed``, and the training stream,
-   ``data_seed = seed + 1``), each run scored on the validation and on the test set.
+1. a learning-rate sweep of the Transformer at seed 0 (``LRS``, one more step past the grid's edge if the best
+   lies there), scored on the 500 validation numbers
+   (:func:`~attention_core.translation.metrics.book_validation_set`), and its best rate chosen there;
+2. more seeds (a seed sets the initial weights, ``seed``, and the training stream, ``data_seed = seed + 1``):
+   the Transformer at its chosen rate, Bahdanau's model at the recipes' rate (not at a rate chosen for it);
+3. Bahdanau's model at the same rates ``LRS``, seed 0 only, which shows whether the recipes' rate is its best
+   (the grid is not extended for it);
+
+each run scored on the validation and on the test set.
 
 The results go to ``checkpoints/lr_sweep.json`` (no weights), which chapter 8 reads:
 ``python -m attention_core.translation.sweep`` (one CPU thread; about half an hour on a quiet 2-core machine).
@@ -34,7 +39,7 @@ __all__ = ["ARMS", "LRS", "SEEDS", "SWEEP_FILE", "chosen_lr", "read_sweep", "run
 ARMS = ("bahdanau", "transformer")
 #: The learning rates tried for each arm at seed 0 (5e-3 is the recipes' rate).
 LRS = (2e-3, 5e-3, 1e-2)
-#: The seeds run at each arm's chosen rate.
+#: The seeds run for each arm: the Transformer at its chosen rate, Bahdanau's model at the recipes' rate.
 SEEDS = (0, 1, 2, 3, 4)
 #: Where the results are recorded.
 SWEEP_FILE = CHECKPOINT_DIR / "lr_sweep.json"
