@@ -264,6 +264,15 @@ def test_shipped_checkpoints(name) -> None:
     assert got["sha256"] == entry["sha256"] and not model.training
 
 
+def test_digits_have_17_grey_levels_scaled_to_unit_interval() -> None:
+    from attention_core.vision.data import load_digits
+
+    d = load_digits()
+    levels = torch.unique(torch.cat([d.train_x, d.test_x]) * 16)  # the integers 0..16, as the docstring says
+    assert torch.equal(levels, torch.arange(17.0))
+    assert d.train_x.min() == 0 and d.train_x.max() == 1
+
+
 def test_shipped_vit_accuracy_matches_its_manifest() -> None:
     from attention_core.vision.data import load_digits
     from attention_core.vision.train import accuracy, load_or_train_vit

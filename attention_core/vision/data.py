@@ -1,7 +1,8 @@
 """The images of chapter 14: scikit-learn's bundled 8x8 digits, and captions generated from them.
 
-The digits (1,797 grey images, 16 levels, shipped inside scikit-learn: nothing is downloaded) are scaled to
-[0, 1] and split once by a seeded permutation into 1,437 training and 360 test images (:func:`load_digits`).
+The digits (1,797 grey images with 17 levels, the integers 0 to 16, shipped inside scikit-learn: nothing is
+downloaded) are scaled to [0, 1] and split once by a seeded permutation into 1,437 training and 360 test
+images (:func:`load_digits`).
 :func:`make_caption_set` lays ``cells`` digits side by side into one ``8 x 8*cells`` image and writes its
 caption, the digits' names left to right: word ``t`` names cell ``t``, so the region each word should look at
 is known.
