@@ -442,7 +442,19 @@ def _ch11_bottom_right(L, S, window):  # the decode mask as a mask_mod, evaluate
     return mask_mods.causal_bottom_right(L, S)(0, 0, torch.arange(L)[:, None], torch.arange(S)[None, :])
 
 
+def _ch01_window(q, k, h):
+    return (q[:, None] - k[None, :]).abs() <= h  # (L, S) bool: True = inside the window
+
+
 ROUTES = {
+    # zero scores with the window as the mask: any attention function takes the window's mean
+    "ch01.boxcar_nw": [lambda q, k, v, h: ac.attention_weights(q[:, None], k[:, None], attn_mask=_ch01_window(q, k, h),
+                                                               scale=0.0) @ v,
+                       lambda q, k, v, h: torch.nan_to_num(F.scaled_dot_product_attention(
+                           q[None, :, None], k[None, :, None], v[None, :, None], attn_mask=_ch01_window(q, k, h),
+                           scale=0.0))[0, :, 0],
+                       lambda q, k, v, h: torch.nan_to_num(ac.scaled_dot_product_attention(
+                           q[:, None], k[:, None], v[:, None], attn_mask=_ch01_window(q, k, h), scale=0.0))[:, 0]],
     "ch02.masked_softmax": [_ch02_sdpa_identity, _ch02_sdpa_in_a_dict, _ch02_numpy_backend,
                             lambda s, m: ac.attention_weights(s, _EYE(s.shape[-1]), m, scale=1.0),
                             lambda s, m: exercises_scoring._softmax_guarded(s, m)],
@@ -1463,3 +1475,11 @@ def test_torch_whole_answer_in_a_new_thread_is_refused():
 
     report = code_checks.check_function(causal_attention, ce.spec("ch05.causal_attention"))
     assert report.status == "failed" and LIBRARY in report.message, report.message
+
+
+def test_a_refused_call_is_reported_as_refused_not_as_a_disagreement():
+    """A submission that calls what the exercise switches off is told so, without the expected output."""
+    spec = ce.spec("ch01.boxcar_nw")
+    message = code_checks.check_function(CH01_LIBRARY, spec).message
+    assert message.startswith(f"{code_checks.NOT_YET}: boxcar_nw called a function this exercise switches off")
+    assert LIBRARY in message and "disagrees" not in message and "expected" not in message

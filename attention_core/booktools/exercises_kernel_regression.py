@@ -2,13 +2,16 @@
 
 Its edge cases sit on the window's exact edge and on empty windows; its known mistakes are the chapter's
 warnings (0 / 0 for an empty window, ``<`` for ``<=``, dividing by every key, a sum for a mean), and h read as
-the window's full width (``<= h / 2``).
+the window's full width (``<= h / 2``). Any attention function with zero scores and the window as its mask takes
+the window's mean, so the library's attention and torch's ``scaled_dot_product_attention`` are refused too.
 """
 
 from __future__ import annotations
 
 from attention_core.booktools.code_checks import FunctionSpec, Mistake
 from attention_core.booktools.exercises_common import (
+    ATTENTION_MODULES,
+    TORCH_ATTENTION,
     T,
     draw_values,
     strategies,
@@ -75,8 +78,12 @@ def build() -> FunctionSpec:
         unavailable=("attention_core.nadaraya_watson", "attention_core.nadaraya_watson_weights",
                      "attention_core.kernel_regression.nadaraya_watson",
                      "attention_core.kernel_regression.nadaraya_watson_weights",
-                     "attention_core.kernel_regression.NadarayaWatson"),
-        forbidden_modules=("attention_core.kernel_regression",),
+                     "attention_core.kernel_regression.NadarayaWatson",
+                     "attention_core.attention_weights", "attention_core.scaled_dot_product_attention",
+                     *TORCH_ATTENTION),
+        # a zero score with the window as a mask makes any attention function take the window's mean (and
+        # guard the empty window): the library's and torch's attention compute the answer whole here too
+        forbidden_modules=("attention_core.kernel_regression", *ATTENTION_MODULES),
         task="to write the boxcar estimate yourself",
         mistakes=(
             Mistake("a query with no key within h divides 0 by 0; its estimate must be 0, not NaN.", _boxcar_unguarded),
