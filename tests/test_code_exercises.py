@@ -46,6 +46,7 @@ from attention_core.booktools import (  # noqa: E402
     exercises_self_attention,
     exercises_serving,
     exercises_vision,
+    refusals,
 )
 from attention_core.booktools import exercises_low_precision as elp  # noqa: E402
 from attention_core.functional import masked_softmax as lib_masked_softmax  # noqa: E402
@@ -989,7 +990,7 @@ def test_in_place_check_sees_nan_and_shape_changes_and_spares_a_view():
 @pytest.mark.parametrize("key", ce.EXERCISES)
 def test_every_unavailable_name_exists(key):
     for path in ce.spec(key).unavailable:
-        assert callable(code_checks._resolve(path)[2]), path
+        assert callable(refusals._resolve(path)[2]), path
 
 
 def test_report_grammar_and_first_difference():

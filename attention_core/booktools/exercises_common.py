@@ -58,7 +58,7 @@ def library_reference(path: str) -> Callable[..., Any]:
     """A reference that looks the library function up when called (so a test can patch it)."""
 
     def call(*args: Any) -> Any:
-        from attention_core.booktools.code_checks import _resolve
+        from attention_core.booktools.refusals import _resolve
 
         return _resolve(path)[2](*args)
 
