@@ -146,8 +146,9 @@ def test_the_review_checks_catch_each_cue_on_the_page_itself() -> None:
     assert any("period 4" in f for f in faults_of(twice)), faults_of(twice)
     perm = [b for k in range(n // 4) for b in ((0, 2, 1, 3), (3, 1, 0, 2), (1, 3, 2, 0))[k % 3]] + slots[n // 4 * 4:]
     assert any("aligned blocks of four are permutations" in f for f in faults_of(perm)), faults_of(perm)
-    second = [dict(q, options=[o + " and all that it implies" * (j == q["answer"]) + " x" * 40 * (j == (q["answer"] + 1) % 4)
-                               for j, o in enumerate(q["options"])]) for q in review]  # always the second-longest
+    pad = " and all that it implies"  # the right option padded, the next one padded further: second-longest
+    second = [dict(q, options=[o + pad * (j == q["answer"]) + " x" * 40 * (j == (q["answer"] + 1) % 4)
+                               for j, o in enumerate(q["options"])]) for q in review]
     assert any("length rank" in f for f in _review_faults(second)), _review_faults(second)
     long_ = [dict(q, options=[o + " and all that it implies" if j == q["answer"] else o
                               for j, o in enumerate(q["options"])]) for q in review]
