@@ -86,14 +86,23 @@ CHAPTER_SPANS = {2: 5, 3: 7, 4: 8}
 def _review_faults(quizzes: list[dict]) -> list[str]:
     """Every cue a sequence of quizzes gives besides knowing: an uneven spread of the right option's slot (more
     than 1 from even), a sequence pattern (a cycle, a run, a repeated block of period <= 4), the right option
-    strictly the longest in more than a quarter of the questions, or the only hedged option."""
+    strictly the longest in more than a quarter of the questions, the right option at one length rank (shortest,
+    second, third, longest) in more than 40% of them, or the only hedged option; and, for the positions, most
+    aligned blocks of four (questions 1-4, 5-8, ...) each a permutation of the four slots, which lets a reader
+    infer the fourth answer of a block from the first three."""
     faults = []
     positions = _positions(quizzes)
     if not _balanced(positions, slack=1):
         faults.append(f"uneven slots {sorted(Counter(positions).items())}")
-    why = _patterned(positions) or _repeats(positions, REVIEW_SPANS)
-    if why:
-        faults.append(f"pattern: {why}")
+    for why in (_patterned(positions), _repeats(positions, REVIEW_SPANS)):  # both, so neither hides the other
+        if why:
+            faults.append(f"pattern: {why}")
+    blocks = [positions[i:i + 4] for i in range(0, len(positions) - 3, 4)]
+    if sum(len(set(b)) == 4 for b in blocks) > len(blocks) / 2:  # by chance 24/256 of blocks are one of each slot
+        faults.append(f"pattern: most aligned blocks of four are permutations {blocks}")
+    ranks = Counter(sum(len(o) < len(q["options"][q["answer"]]) for o in q["options"]) for q in quizzes)
+    if max(ranks.values()) > 0.4 * len(quizzes):  # e.g. "pick the second-longest" must not pay
+        faults.append(f"the right option's length rank (options shorter than it) is lopsided {sorted(ranks.items())}")
     longest = sum(len(q["options"][q["answer"]]) > max(len(o) for i, o in enumerate(q["options"]) if i != q["answer"])
                   for q in quizzes)
     if longest > len(quizzes) / 4:
@@ -135,6 +144,12 @@ def test_the_review_checks_catch_each_cue_on_the_page_itself() -> None:
     assert any("period 2" in f for f in faults_of(slots[:i + 2] + slots[i:i + 2] + slots[i + 4:]))
     twice = slots[:4] * 2 + slots[12:]  # the page's first four slots twice, then its thirteenth on: period 4
     assert any("period 4" in f for f in faults_of(twice)), faults_of(twice)
+    perm = [b for k in range(n // 4) for b in ((0, 2, 1, 3), (3, 1, 0, 2), (1, 3, 2, 0))[k % 3]] + slots[n // 4 * 4:]
+    assert any("aligned blocks of four are permutations" in f for f in faults_of(perm)), faults_of(perm)
+    pad = " and all that it implies"  # the right option padded, the next one padded further: second-longest
+    second = [dict(q, options=[o + pad * (j == q["answer"]) + " x" * 40 * (j == (q["answer"] + 1) % 4)
+                               for j, o in enumerate(q["options"])]) for q in review]
+    assert any("length rank" in f for f in _review_faults(second)), _review_faults(second)
     long_ = [dict(q, options=[o + " and all that it implies" if j == q["answer"] else o
                               for j, o in enumerate(q["options"])]) for q in review]
     assert any("strictly the longest" in f for f in _review_faults(long_))
