@@ -1174,6 +1174,19 @@ def test_a_mistake_matched_on_one_input_only_is_not_named(key):
     assert f"Hint: {mistake.hint}" in code_checks.check_function(made, spec).message
 
 
+def test_ch03_untransposed_W_a_gets_its_hint():
+    """A reader's ``s_prev @ W_a`` (the .T missing) runs wherever the state and the score's hidden layer have
+    the same width, gives wrong weights there, and is named (it crashed elsewhere with no hint before)."""
+
+    def reader(s_prev, h, mask, W_a, U_a, v_a):
+        e = torch.tanh((s_prev @ W_a).unsqueeze(1) + torch.einsum("bsk,ak->bsa", h, U_a)) @ v_a
+        return torch.softmax(e.masked_fill(~mask, -math.inf), dim=-1)
+
+    report = code_checks.check_function(reader, ce.spec("ch03.bahdanau_weights"))
+    assert report.status == "failed", report.message
+    assert "Hint: W_a is laid out like an nn.Linear weight" in report.message, report.message
+
+
 def test_a_mistake_whose_own_output_has_another_shape_is_named():
     """Chapter 16's chunks cut evenly (not as tensor_split cuts them) give a mask of another shape on a length
     that 2P does not divide: the report says the shape differs and names that mistake."""

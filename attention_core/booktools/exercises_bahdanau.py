@@ -46,6 +46,12 @@ def _bahdanau_mask_after(s_prev, h, mask, W_a, U_a, v_a):
     return torch.softmax(_bahdanau_scores(s_prev, h, W_a, U_a, v_a), dim=-1) * mask
 
 
+def _bahdanau_untransposed(s_prev, h, mask, W_a, U_a, v_a):
+    # ``s_prev @ W_a`` runs only when the state and the score's hidden layer have the same width
+    hidden = torch.tanh((s_prev @ W_a)[:, None, :] + h @ U_a.T)
+    return torch.softmax((hidden @ v_a).masked_fill(~mask, NEG_INF), dim=-1)
+
+
 def _bahdanau_batch_axis(s_prev, h, mask, W_a, U_a, v_a):
     return torch.softmax(_bahdanau_scores(s_prev, h, W_a, U_a, v_a).masked_fill(~mask, NEG_INF), dim=0)
 
@@ -71,6 +77,8 @@ def build() -> FunctionSpec:
             (one(2, 1), one(2, 1, 1), T([[True], [True]]), one(1, 1), one(1, 1), one(1)),  # one word
             (T([[0.5, -1.0]]), T([[[1.0], [2.0]]]), T([[True, False]]), T([[1.0, 2.0], [0.0, 1.0]]),
              T([[1.0], [-1.0]]), T([1.0, 2.0])),
+            (T([[0.5, -1.0]]), T([[[1.0], [2.0]]]), T([[True, True]]), T([[1.0, 2.0], [0.0, 1.0]]),
+             T([[1.0], [-1.0]]), T([1.0, 2.0])),  # a square W_a that is not symmetric: W_a s differs from s W_a
         ),
         unavailable=("attention_core.models.rnn_attention.AdditiveAttention", "attention_core.scoring.AdditiveScore",
                      "attention_core.models.rnn_attention.AdditiveScore"),
@@ -83,5 +91,7 @@ def build() -> FunctionSpec:
                     _bahdanau_mask_after),
             Mistake("the softmax runs over the source positions (the last axis), not over the batch.",
                     _bahdanau_batch_axis),
+            Mistake("W_a is laid out like an nn.Linear weight, (d_a, Dq): W_a s is s_prev @ W_a.T, not s_prev @ W_a.",
+                    _bahdanau_untransposed),
         ),
     )
