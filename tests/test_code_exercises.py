@@ -258,7 +258,10 @@ CH08 = [("scaled by 1/sqrt(T)", lambda q, k, v: torch.softmax(
                 ~torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril(), NEG_INF), -1).sum(-1, keepdim=True)
          * v)]
 CH08_LIBRARY = [lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                lambda q, k, v: ac.scaled_dot_product_attention(q, k, v, is_causal=True)]
+                lambda q, k, v: ac.scaled_dot_product_attention(q, k, v, is_causal=True),
+                # torch's private attention operators, whose first output is the whole answer
+                lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)[0],
+                lambda q, k, v: torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=True)[0]]
 
 
 # ------------------------------------------------------------------------------------------ mutants: ch. 9-11

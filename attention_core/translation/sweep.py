@@ -1,6 +1,7 @@
 """Chapter 8's comparison: a learning-rate sweep for the Transformer, then several seeds for both arms.
 
-The book's recipes give Bahdanau's RNN model and the Transformer one learning rate (5e-3, chosen for the RNNs).
+The book's recipes give Bahdanau's RNN model and the Transformer one learning rate (5e-3, the rate that came
+with the RNN recipes, not tuned for the Transformer).
 This module trains both arms for the same number of steps on the same kind of batches, with
 
 1. a learning-rate sweep of the Transformer at seed 0 (``LRS``, one more step past the grid's edge if the best

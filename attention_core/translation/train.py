@@ -123,11 +123,11 @@ class Recipe(TrainRecipe):
     ``model`` holds the model's settings (``kind``: ``"plain"``, ``"bahdanau"``, ``"luong"`` or
     ``"transformer"``, and that kind's sizes; see :func:`build_model`); the other fields are the training
     budget (those of :class:`~attention_core.training.loop.TrainRecipe`): the same batches, steps, schedule and
-    clipping for every model, and one learning rate for all, tuned for none of them in particular
-    (:mod:`attention_core.translation.sweep` gives the Transformer and Bahdanau's model a small learning-rate
-    sweep each, and several seeds). Training batches come from ``NumberWords().stream(batch_size, data_seed)``;
-    Adam, no warm-up, the learning rate on a cosine from ``lr`` to ``min_lr_ratio * lr``, gradient norm clipped at
-    ``clip``; parameters are initialised from ``seed``.
+    clipping for every model, and one learning rate for all, the rate that came with the RNN recipes (not tuned
+    for the Transformer; :mod:`attention_core.translation.sweep` gives the Transformer and Bahdanau's model a
+    small learning-rate sweep each, and several seeds). Training batches come from
+    ``NumberWords().stream(batch_size, data_seed)``; Adam, no warm-up, the learning rate on a cosine from ``lr`` to
+    ``min_lr_ratio * lr``, gradient norm clipped at ``clip``; parameters are initialised from ``seed``.
     """
 
     model: Dict[str, Any] = field(default_factory=dict)
