@@ -1500,3 +1500,14 @@ def test_a_refused_call_is_reported_as_refused_not_as_a_disagreement():
     message = code_checks.check_function(CH01_LIBRARY, spec).message
     assert message.startswith(f"{code_checks.NOT_YET}: boxcar_nw called a function this exercise switches off")
     assert LIBRARY in message and "disagrees" not in message and "expected" not in message
+
+
+@pytest.mark.parametrize("key", ["ch01.boxcar_nw", "ch02.masked_softmax", "ch05.causal_attention",
+                                 "ch06.causal_multi_head", "ch08.causal_attention"])
+def test_torch_private_sdpa_operators_are_off_wherever_torch_attention_is(key):
+    """Every exercise that switches off torch's SDPA also switches off its ``aten::_scaled_dot_product_*``
+    operators, which return the whole answer as their first output."""
+    from attention_core.booktools.exercises_common import TORCH_ATEN_SDPA
+
+    assert "torch.ops.aten._scaled_dot_product_attention_math" in TORCH_ATEN_SDPA
+    assert set(TORCH_ATEN_SDPA) <= set(ce.spec(key).unavailable), key

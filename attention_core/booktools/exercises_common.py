@@ -25,8 +25,19 @@ NEG_INF = float("-inf")
 ATTENTION_MODULES = ("attention_core.functional", "attention_core.backends", "attention_core.multihead",
                      "attention_core.flex_attention", "attention_core.paged_attention", "attention_core.models")
 #: torch's own attention, under the names a student finds (its bindings included).
+#: torch's private attention operators (the ``aten::_scaled_dot_product_*`` family on ``torch.ops.aten``): each
+#: returns the whole answer as its first output.
+TORCH_ATEN_SDPA = tuple(
+    f"torch.ops.aten.{name}" for name in (
+        "_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps",
+        "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable")
+    if hasattr(torch.ops.aten, name))
+#: torch's functions that compute attention whole: off while any attention exercise's function runs.
 TORCH_ATTENTION = ("torch.nn.functional.scaled_dot_product_attention", "torch._C._nn.scaled_dot_product_attention",
-                   "torch.ops.aten.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward")
+                   "torch.ops.aten.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
+                   *TORCH_ATEN_SDPA)
 
 
 def strategies() -> Any:

@@ -10,6 +10,7 @@ import torch
 from attention_core.booktools.code_checks import FunctionSpec
 from attention_core.booktools.exercises_common import (
     ATTENTION_MODULES,
+    TORCH_ATEN_SDPA,
     T,
     draw_values,
     strategies,
@@ -22,17 +23,6 @@ from attention_core.booktools.exercises_self_attention import (
 )
 
 __all__ = ["TORCH_ATEN_SDPA", "build"]
-
-#: torch's private attention operators (the ``aten::_scaled_dot_product_*`` family on ``torch.ops.aten``): each
-#: returns the whole answer as its first output, so none is available while the reader's function runs.
-TORCH_ATEN_SDPA = tuple(
-    f"torch.ops.aten.{name}" for name in (
-        "_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps",
-        "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_fused_attention_overrideable")
-    if hasattr(torch.ops.aten, name))
-
 
 def build() -> FunctionSpec:
     st = strategies()
@@ -50,7 +40,7 @@ def build() -> FunctionSpec:
             (T([1.0, 2.0]).view(1, 1, 1, 2), T([3.0, -1.0]).view(1, 1, 1, 2), T([5.0, 6.0]).view(1, 1, 1, 2)),
             (large_scores(2, 1, 3, 4), large_scores(2, 1, 3, 4), large_scores(2, 1, 3, 4) / 10),  # large scores
         ),
-        unavailable=(*CAUSAL_UNAVAILABLE, *TORCH_ATEN_SDPA), forbidden_modules=ATTENTION_MODULES,
+        unavailable=CAUSAL_UNAVAILABLE, forbidden_modules=ATTENTION_MODULES,
         task="to write the scores, the causal mask and the softmax yourself",
         mistakes=CAUSAL_MISTAKES,
     )
