@@ -40,7 +40,7 @@ __all__ = ["STARTS", "STUDY_FILE", "load_passage_study", "main", "passage_study"
 PathLike = Union[str, Path]
 #: Where the recorded study lives.
 STUDY_FILE = CHECKPOINT_DIR / "passage_study.json"
-#: The passages' first characters in the validation text: the chapter's passage (0) and seven more, spread out.
+#: The passages' first characters in the validation text (the chapter's passage, 0, and seven more, spread out).
 STARTS = tuple(13_800 * i for i in range(8))
 
 

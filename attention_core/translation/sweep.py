@@ -40,7 +40,7 @@ __all__ = ["ARMS", "LRS", "SEEDS", "SWEEP_FILE", "chosen_lr", "read_sweep", "run
 ARMS = ("bahdanau", "transformer")
 #: The learning rates tried for each arm at seed 0 (5e-3 is the recipes' rate).
 LRS = (2e-3, 5e-3, 1e-2)
-#: The seeds run for each arm: the Transformer at its chosen rate, Bahdanau's model at the recipes' rate.
+#: The seeds run for each arm (the Transformer at its chosen rate, Bahdanau's model at the recipes' rate).
 SEEDS = (0, 1, 2, 3, 4)
 #: Where the results are recorded.
 SWEEP_FILE = CHECKPOINT_DIR / "lr_sweep.json"

@@ -98,7 +98,7 @@ def layout_gap(pos: torch.Tensor, grid: Tuple[int, int], near: float = 1.0, far:
         far: pairs at least ``far`` patches apart are distant.
 
     Returns:
-        A float: positive when neighbours are more alike than distant patches (a 2-D layout); when the
+        A float, positive when neighbours are more alike than distant patches (a 2-D layout); when the
         similarities ignore the grid it falls among the gaps of shuffled grids (:func:`layout_gap_null`).
     """
     sim = position_similarity(pos)  # (N, N)
@@ -136,7 +136,7 @@ def cell_swap_changes(model: Captioner, images: torch.Tensor, tokens: torch.Tens
         cell_width: pixels per cell.
 
     Returns:
-        (cells, T) float64: entry ``[j, t]`` is the share of images whose predicted word ``t`` changes when
+        (cells, T) float64, entry ``[j, t]`` is the share of images whose predicted word ``t`` changes when
         cell ``j`` is replaced.
     """
     check_tensor(images, "images")
