@@ -208,3 +208,73 @@ def _verdict(message: str) -> str:
     if "rounded to" in message:
         return "rounded: " + message.strip()
     return "not yet"
+
+
+# ------------------------------------------------------------------ a number box's hints for its known mistakes
+#: chapter 9's KV-cache box: what a reader types -> a phrase the hint for that mistake must hold (the referee's
+#: tries first: keys forgotten, 4 bytes per number, GB instead of GiB); "" -> the general hint.
+_CH09_KV_TRIES = {"6.25": "query heads", "0.625": "keys or values only", "2.5": "4 bytes per number",
+                  "1.342177280": "in GB", "1.342": "in GB", "1.34": "in GB", "1,342,177,280": "in bytes",
+                  "1280": "in MiB", "3": "Multiply every factor", "12.5": "Multiply every factor",
+                  "1.3": "Multiply every factor"}
+
+
+def _ch09_kv_box():
+    """Chapter 9's KV-cache box, rebuilt from the notebook's own check_value call (every keyword it passes)."""
+    import ast
+    from pathlib import Path
+
+    import nbformat
+
+    from attention_core.booktools import exercises
+
+    path = Path(__file__).resolve().parent.parent / "book" / "09_attention_at_scale.ipynb"
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code" and "KV cache (GiB)" in cell.source:
+            call = next(n for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Call)
+                        and getattr(n.func, "attr", "") == "check_value")
+            return exercises.ValueCheck(*(ast.literal_eval(a) for a in call.args),
+                                        **{k.arg: ast.literal_eval(k.value) for k in call.keywords})
+    raise AssertionError("chapter 9 has no KV-cache box")
+
+
+def test_a_box_names_the_known_mistake_a_value_matches() -> None:
+    box = _ch09_kv_box()
+    assert len(box.mistakes) >= 4 and "6.25" not in box.static_html()  # the known values stay encoded
+    for typed, phrase in _CH09_KV_TRIES.items():
+        said = box.evaluate(typed)
+        assert said.startswith("\u2717 Not yet.") and phrase in said, (typed, said)
+    assert box.accepts("1.25") and box.evaluate("1.25").startswith("\u2713")
+
+
+def test_mistakes_are_checked_after_the_answer_and_refused_when_malformed() -> None:
+    from attention_core.booktools import exercises
+
+    near = exercises.ValueCheck("x =", encode_answer(1.0), exact=True, hint="general", mistakes=[(1.001, "close")])
+    assert near.accepts("1") and near.evaluate("1.001") == "\u2717 Not yet. close"
+    assert near.evaluate("1.1") == "\u2717 Not yet. general"
+    rounded = exercises.ValueCheck("y =", encode_answer(1.1494), decimals=3, hint="g", mistakes=[(1.1, "m")])
+    assert "rounded to" in rounded.evaluate("1.1")  # a coarser rounding of the answer is told as one first
+    for bad in ([(float("nan"), "h")], [(1.0, "")], [(1.0,)], ["1.0"], exercises.encode_text("not json")):
+        with pytest.raises(ValueError, match="mistakes"):
+            exercises.ValueCheck("z =", encode_answer(2.0), exact=True, mistakes=bad)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the site's script")
+def test_the_page_names_the_same_known_mistake_as_the_kernel() -> None:
+    import html as html_lib
+    import json
+    import subprocess
+
+    box = _ch09_kv_box()
+    markup = box.static_html()
+    attrs = dict(re.findall(r'data-(answer|why)="([^"]*)"', markup))
+    script = re.search(r"<script>(.*)</script>", markup, flags=re.S)[1]
+    inputs = [*_CH09_KV_TRIES, "1.25"]
+    page = json.loads(subprocess.run(
+        ["node", "-e", _NODE_HARNESS], capture_output=True, text=True, check=True, timeout=60,
+        input=json.dumps([{"answer": html_lib.unescape(attrs["answer"]), "why": attrs["why"], "script": script,
+                           "inputs": inputs}])).stdout)[0]
+    for typed, said in zip(inputs, page):
+        kernel = box.evaluate(typed).lstrip("\u2717\u2713 ")
+        assert said.strip() == kernel, (typed, said, kernel)

@@ -302,6 +302,35 @@ def _label(name: str, precision: str) -> str:
     return f"{name} {precision}"
 
 
+#: A wrong answer within this relative distance of a box's known mistake gets that mistake's hint (the page's
+#: script uses the same bound): "1.34" and "1.342" both match 1.3422.
+MISTAKE_RTOL = 5e-3
+
+
+def _read_mistakes(mistakes: str | Sequence[tuple[float, str]]) -> list[tuple[float, str]]:
+    """``[(value, hint), ...]`` from a list of pairs or from its JSON encoded by :func:`encode_text`.
+
+    Raises:
+        ValueError: a pair that is not (a finite number, a non-empty hint), or an encoded string that is not one.
+    """
+    import json
+
+    if isinstance(mistakes, str):
+        try:
+            mistakes = json.loads(decode_text(mistakes))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"mistakes: the encoded text is not a JSON list of [value, hint] pairs: {err}") from err
+    out = []
+    for pair in mistakes:
+        ok = isinstance(pair, (list, tuple)) and len(pair) == 2
+        value = _as_array(pair[0]) if ok else None
+        if (value is None or value.shape != () or not math.isfinite(float(value)) or not isinstance(pair[1], str)
+                or not pair[1].strip()):
+            raise ValueError(f"mistakes: expected (finite number, non-empty hint) pairs, got {pair!r}")
+        out.append((float(value), pair[1]))
+    return out
+
+
 class ValueCheck(StaticTwin, widgets.VBox):
     """A numeric self-check whose answer is never shown: a text box, a Check button and a feedback line.
 
@@ -312,6 +341,10 @@ class ValueCheck(StaticTwin, widgets.VBox):
     it ("(to 3 significant figures)", "(to 2 decimal places)", "(exact)"), and the expected value rounded to it
     (any answer within half a unit of its last digit), or for ``exact`` the value itself, is accepted. A chapter's
     box states one of them; ``rtol`` and ``atol`` are then not used (the static twin checks the same way).
+    ``mistakes``: the wrong values a reader plausibly reaches, each with the hint that names that mistake, as
+    ``[(value, hint), ...]`` or as that list's JSON encoded by :func:`encode_text` (a chapter writes it encoded,
+    since a mistake's value often gives the answer away); a wrong answer within :data:`MISTAKE_RTOL` of one gets
+    its hint, any other wrong answer the general ``hint``.
 
     Attributes:
         answer: the ``Text`` widget the reader types into.
@@ -331,8 +364,10 @@ class ValueCheck(StaticTwin, widgets.VBox):
         digits: int | None = None,
         decimals: int | None = None,
         exact: bool = False,
+        mistakes: str | Sequence[tuple[float, str]] = (),
     ) -> None:
         self._expected = decode_answer(answer)
+        self.mistakes = _read_mistakes(mistakes)
         self.roundings: list[tuple[float, str]] = []  # coarser roundings of the answer, told apart in the hint
         self.precision_said = ""
         if digits is not None or decimals is not None or exact is not False:  # the precision is stated
@@ -365,13 +400,16 @@ class ValueCheck(StaticTwin, widgets.VBox):
         rounded = _rounded_to(x, self._expected, self.roundings, answer) if math.isfinite(x) else None
         if rounded is not None:  # the method is right: say what differs, not a mistake the reader did not make
             return rounded_message(rounded, self.precision_said)
+        for value, hint in self.mistakes:  # a known mistake: name it
+            if math.isfinite(x) and abs(x - value) <= MISTAKE_RTOL * abs(value):
+                return f"{NOT_YET}. {hint}".strip()
         return f"{NOT_YET}. {self.hint}".strip()
 
     def static_html(self) -> str:
         """The kernel-free version for the rendered site: a number box checked in the browser."""
         return answer_box_html(self.name, self.encoded, rtol=self.rtol, atol=self.atol,
                                explanation=self.explanation, hint=self.hint, roundings=self.roundings,
-                               precision=self.precision_said).markup
+                               precision=self.precision_said, mistakes=self.mistakes).markup
 
     def _on_click(self, _button: Any = None) -> None:
         message = self.evaluate(self.answer.value)
