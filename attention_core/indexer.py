@@ -26,16 +26,20 @@ keys by a separate indexer; this module does DSA's token-level selection only.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from attention_core._checks import (
+    check_fits,
     check_floating,
     check_int,
     check_positive_int,
     check_same_device,
     check_same_dtype,
     check_tensor,
+    check_tensors_fit,
     fmt_shape,
     short_repr,
 )
@@ -68,6 +72,10 @@ def indexer_scores(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor
     if weights.shape != query.shape[:-1]:
         raise ValueError(f"weights must be (..., H_I, L) = {fmt_shape(query.shape[:-1])}, got "
                          f"{fmt_shape(weights.shape)}")
+    check_tensors_fit("indexer_scores", query=query, key=key, weights=weights)
+    check_fits(math.prod(query.shape[:-1]) * key.shape[-2] * query.element_size(),
+               f"indexer_scores' (..., H_I, L, S) = {fmt_shape((*query.shape[:-1], key.shape[-2]))} products",
+               query.device)
     dots = F.relu(query @ key.unsqueeze(-3).transpose(-2, -1))  # (..., H_I, L, d_I) @ (..., 1, d_I, S)
     return (weights.unsqueeze(-1) * dots).sum(-3)  # (..., H_I, L, S) -> (..., L, S)
 

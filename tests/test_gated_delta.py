@@ -292,3 +292,13 @@ def test_the_layer_refuses_bad_inputs():
     with pytest.raises(ValueError, match="conv_size"):
         GatedDeltaNet(16, 2, conv_size=-1)
     assert isinstance(state, GatedDeltaNetState)
+
+
+@pytest.mark.parametrize("form", [la.gated_delta_rule_recurrent, la.gated_delta_rule_chunked])
+def test_inputs_too_large_for_memory_are_refused_before_any_work(form):
+    from attention_core._checks import TooLargeError
+
+    x = torch.zeros(1, 1, 1, 8).expand(1, 1, 2**40, 8)  # 32 TiB as read, 32 bytes stored
+    g = torch.ones(1, 1, 1).expand(1, 1, 2**40)
+    with pytest.raises(TooLargeError, match="GiB"):
+        form(x, x, x, g, g)

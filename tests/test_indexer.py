@@ -238,3 +238,12 @@ def test_a_refused_call_leaves_the_cache_alone():
     with pytest.raises(TypeError):
         m(torch.randn(1, 1, 16, dtype=torch.float64), cache=cache)
     assert isinstance(cache, IndexedCache) and len(cache) == 3
+
+
+def test_scores_too_large_for_memory_are_refused_before_any_work():
+    from attention_core._checks import TooLargeError
+
+    q = torch.zeros(1, 1, 1, 8).expand(1, 4, 2**20, 8)  # stride-0 views: tiny storage, huge as read
+    k = torch.zeros(1, 1, 8).expand(1, 2**20, 8)
+    with pytest.raises(TooLargeError, match="GiB"):
+        ix.indexer_scores(q, k, torch.zeros(1, 1, 1).expand(1, 4, 2**20))
