@@ -377,17 +377,25 @@ class GatedDeltaState:
 
 
 def _check_gated_delta(query: object, key: object, value: object, alpha: object, beta: object,
-                       state: object, normalize_keys: object) -> torch.Tensor | None:
+                       state: object, normalize_keys: object
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The public edge of both forms: shapes, dtypes, devices, finite inputs, ``alpha`` in (0, 1] and ``beta`` in
-    [0, 1] (one per token and head), the state's shape. Returns ``state.S`` (or ``None``)."""
+    [0, 1] (a tensor of one per token and head, or one number for all), the state's shape. Returns
+    ``(alpha, beta, state.S or None)``, the gates as (..., L) tensors."""
     _check_qkv(query, key, value, causal=True)
     check_bool_flag(normalize_keys, "normalize_keys")
     if query.shape[-2] != key.shape[-2]:
         raise ValueError(f"the gated delta rule needs L == S (one query per written key), got query "
                          f"{fmt_shape(query.shape)} and key {fmt_shape(key.shape)}")
+    gates = {}
     for name, g, low in (("alpha", alpha, "(0, 1]"), ("beta", beta, "[0, 1]")):
-        check_tensor(g, name)
+        if not isinstance(g, torch.Tensor):
+            if isinstance(g, bool) or not isinstance(g, (int, float)):
+                raise TypeError(f"{name} must be a tensor (..., L) or a float in {low}, got {type(g).__name__} "
+                                f"{short_repr(g)}")
+            g = key.new_full(key.shape[:-1], float(g))  # one number for every token and head
         check_floating(g, name)
+        gates[name] = g
         if g.shape != key.shape[:-1]:
             raise ValueError(f"{name} must have shape (..., L) = {fmt_shape(key.shape[:-1])} (one per token and "
                              f"head), got {fmt_shape(g.shape)}")
@@ -401,7 +409,7 @@ def _check_gated_delta(query: object, key: object, value: object, alpha: object,
         raise ValueError("query, key and value must be finite for the gated delta rule (a NaN or inf written "
                          "into the state reaches every later token)")
     if state is None:
-        return None
+        return gates["alpha"], gates["beta"], None
     if not isinstance(state, GatedDeltaState):
         raise TypeError(f"state must be a GatedDeltaState or None, got {type(state).__name__}")
     check_tensor(state.S, "state.S")
@@ -411,7 +419,7 @@ def _check_gated_delta(query: object, key: object, value: object, alpha: object,
                          f"{fmt_shape(state.S.shape)}")
     check_same_dtype(key=key, **{"state.S": state.S})
     check_same_device(key=key, **{"state.S": state.S})
-    return state.S
+    return gates["alpha"], gates["beta"], state.S
 
 
 def _gated_delta_recurrent(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_alpha: torch.Tensor,
@@ -491,16 +499,17 @@ def gated_delta_rule_recurrent(
             ``beta`` in [0, 1] the transition ``I - beta k k^T`` has eigenvalues in [0, 1], so the state stays
             bounded). With ``normalize_keys=False`` the keys are used as given.
         value: (..., L, Ev); query, key and value of one floating dtype and device, finite.
-        alpha: (..., L), the decay of each token and head, in (0, 1] (the paper has (0, 1); 1 keeps everything).
+        alpha: (..., L), the decay of each token and head, in (0, 1] (the paper has (0, 1); 1 keeps everything),
+            or one float for all.
         beta: (..., L), the write strength, in [0, 1] (the paper's (0, 1), closed: a float32 sigmoid reaches both
-            ends).
+            ends), or one float for all.
         state: the state to continue from (decoding), or ``None`` (zeros).
         normalize_keys: see ``key``.
 
     Returns:
         ``(out (..., L, Ev), state)``: the outputs and the state after the last token.
     """
-    S = _check_gated_delta(query, key, value, alpha, beta, state, normalize_keys)
+    alpha, beta, S = _check_gated_delta(query, key, value, alpha, beta, state, normalize_keys)
     key, log_alpha, beta = _gated_delta_inputs(key, alpha, beta, normalize_keys)
     out, S = _gated_delta_recurrent(query, key, value, log_alpha, beta, S)
     return out, GatedDeltaState(S)
@@ -532,7 +541,7 @@ def gated_delta_rule_chunked(
         ``(out (..., L, Ev), state)``.
     """
     check_positive_int(chunk_size, "chunk_size")
-    S = _check_gated_delta(query, key, value, alpha, beta, state, normalize_keys)
+    alpha, beta, S = _check_gated_delta(query, key, value, alpha, beta, state, normalize_keys)
     key, log_alpha, beta = _gated_delta_inputs(key, alpha, beta, normalize_keys)
     out, S = _gated_delta_chunked(query, key, value, log_alpha, beta, S, chunk_size)
     return out, GatedDeltaState(S)

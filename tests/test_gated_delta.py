@@ -149,6 +149,13 @@ def test_a_state_continues_the_sequence(form):
     assert state.nbytes() == 2 * 3 * 4 * 5 * 4  # B H Ev E floats, whatever L
 
 
+def test_one_number_stands_for_every_token_and_head():
+    q, k, v, alpha, beta = _inputs(10, L=7)
+    for form in (la.gated_delta_rule_recurrent, la.gated_delta_rule_chunked):
+        torch.testing.assert_close(form(q, k, v, 0.75, beta)[0], form(q, k, v, torch.full_like(alpha, 0.75), beta)[0])
+        torch.testing.assert_close(form(q, k, v, alpha, 1)[0], form(q, k, v, alpha, torch.ones_like(beta))[0])
+
+
 @pytest.mark.parametrize("C", [1, 4, 13])
 def test_alpha_one_is_the_delta_rule(C):
     q, k, v, _, beta = _inputs(6)
@@ -198,7 +205,10 @@ BAD = [
     ({"beta": torch.full((1, 2, 4), -0.1)}, ValueError, r"beta must be in \[0, 1\]"),
     ({"beta": torch.full((1, 2, 4), 1.2)}, ValueError, r"beta must be in \[0, 1\]"),
     ({"alpha": torch.ones(1, 2, 4, dtype=torch.int64)}, TypeError, r"alpha must have a floating-point dtype"),
-    ({"beta": [0.5] * 4}, TypeError, r"beta must be a torch.Tensor"),
+    ({"beta": [0.5] * 4}, TypeError, r"beta must be a tensor \(\.\.\., L\) or a float in \[0, 1\], got list"),
+    ({"alpha": True}, TypeError, r"alpha must be a tensor"),
+    ({"alpha": 0.0}, ValueError, r"alpha must be in \(0, 1\]"),
+    ({"beta": float("nan")}, ValueError, r"beta must be in \[0, 1\]"),
     ({"query": torch.randn(1, 2, 3, 5)}, ValueError, r"L == S"),
     ({"query": torch.randn(1, 2, 4, 6)}, ValueError, r"query and key must share the last dim E"),
     ({"value": torch.randn(1, 2, 4, 4, dtype=torch.float64)}, TypeError, r"dtype"),
