@@ -265,6 +265,32 @@ def test_decoding_step_by_step_equals_the_full_forward(conv_size):
     assert state.nbytes() == final.nbytes() == 4 * (2 * 2 * 8 * 8 + (2 * (max(conv_size, 1) - 1) * 48))
 
 
+def _layer_by_hand(m: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
+    """Section 3.4's block written out with torch's own modules: Conv1d padded by K - 1 and cut (causal), SiLU,
+    per-head L2 norm of q and k, Mamba2's decay, sigmoid beta, eq. (10) as a matrix loop, RMSNorm x SiLU gate."""
+    B, L, _ = x.shape
+    H, E, Ev, K = m.num_heads, m.head_dim, m.value_dim, m.conv_size
+    proj = torch.cat([m.q_proj(x), m.k_proj(x), m.v_proj(x)], dim=-1).transpose(1, 2)  # (B, C, L)
+    conv = torch.nn.Conv1d(proj.shape[1], proj.shape[1], K, groups=proj.shape[1], padding=K - 1, bias=False)
+    conv.weight = m.conv_weight
+    mixed = F.silu(conv(proj)[..., :L]).transpose(1, 2)  # (B, L, C)
+    q, k, v = mixed.split([H * E, H * E, H * Ev], dim=-1)
+    heads = lambda t, d: t.reshape(B, L, H, d).permute(0, 2, 1, 3)  # noqa: E731
+    q, k, v = F.normalize(heads(q, E), dim=-1), F.normalize(heads(k, E), dim=-1), heads(v, Ev)
+    alpha = torch.exp(-m.A_log.exp() * F.softplus(m.a_proj(x) + m.dt_bias)).permute(0, 2, 1)  # (B, H, L)
+    beta = torch.sigmoid(m.b_proj(x)).permute(0, 2, 1)
+    o, _ = _eq10_loop(q, k, v, alpha, beta)  # (B, H, L, Ev)
+    o = o.permute(0, 2, 1, 3)  # (B, L, H, Ev)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.o_norm.eps) * m.o_norm.weight
+    return m.o_proj((o * F.silu(m.g_proj(x)).reshape(B, L, H, Ev)).reshape(B, L, H * Ev))
+
+
+def test_the_layer_is_the_papers_block_written_out():
+    m = _layer()
+    x = torch.randn(2, 10, 16, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(m(x)[0], _layer_by_hand(m, x), rtol=1e-5, atol=1e-5)
+
+
 def test_the_layer_is_causal_and_its_gates_are_in_range():
     m = _layer()
     x = torch.randn(1, 9, 16, generator=torch.Generator().manual_seed(1))

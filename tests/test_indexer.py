@@ -185,6 +185,29 @@ def test_the_index_loss_reaches_the_indexer_only_and_the_output_never_does():
     assert all(p.grad is None for p in m.indexer_parameters())
 
 
+def test_the_sparse_stage_loss_is_eq4_over_the_selected_keys():
+    """Eq. (4) computed here from the layer's weights: the selection from eq. (1)'s scores, each head's softmax over
+    the selected keys, summed over heads and L1-normalized, against the indexer's softmax over the same keys."""
+    m = _layer(topk=3)
+    x = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(7))
+    r = m(x, need_index_loss=True)
+    B, L, H, E = 2, 9, 2, 8
+    qi = m.index_q(x).view(B, L, 3, 8).permute(0, 2, 1, 3) / math.sqrt(8)  # (B, H_I, L, d_I)
+    w = m.index_w(x).permute(0, 2, 1) / math.sqrt(3)  # (B, H_I, L)
+    scores = (w[..., None] * torch.relu(qi @ m.index_k(x).transpose(1, 2)[:, None])).sum(1)  # (B, L, S)
+    sel = ix.causal_topk_mask(scores, 3)
+    assert torch.equal(r.selected, sel)
+    q = m.q_proj(x).view(B, L, H, E).transpose(1, 2)
+    k = m.k_proj(x).view(B, L, H, E).transpose(1, 2)
+    att = torch.softmax((q @ k.transpose(-2, -1) / math.sqrt(E)).masked_fill(~sel[:, None], -math.inf), -1)
+    p = att.sum(1) / att.sum(1).sum(-1, keepdim=True)  # (B, L, S), zero off the selection
+    log_q = torch.log_softmax(scores.masked_fill(~sel, -math.inf), -1)
+    kl = torch.where(sel, p * (p.clamp_min(1e-30).log() - log_q), 0.0).sum(-1)  # (B, L)
+    torch.testing.assert_close(r.index_loss, kl.mean())
+    dense = m(x, dense=True, need_index_loss=True)  # eq. (3): every earlier key, another value
+    assert not torch.allclose(dense.index_loss, r.index_loss)
+
+
 def test_a_dense_warm_up_teaches_the_indexer_the_attention():
     """The paper's first stage at toy scale: the main model frozen, the indexer trained on eq. (3)'s loss."""
     m = _layer()
