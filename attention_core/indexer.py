@@ -15,8 +15,9 @@ selected set ``S_t`` only once attention is sparse (eq. (4)).
 
 - :func:`indexer_scores`: eq. (1), (..., L, S) scores;
 - :func:`causal_topk_mask`: the selection, a bool (..., L, S) mask in SDPA's convention (True = attend): among the
-  keys ``s <= offset + t`` (the query's own token is a candidate, as in the paper's causal indexer; it is not
-  forced), the ``k`` of largest score; a query with at most ``k`` candidates keeps them all;
+  keys ``s <= offset + t``, the ``k`` of largest score; a query with at most ``k`` candidates keeps them all. The
+  candidates are the main attention's causal set: the query's own token is one, neither forced nor excluded (eq.
+  (1) speaks of "a preceding token" and singles out no position; we read it as the causal mask, ``s <= t``);
 - :func:`selection_mask_mod`: the same mask as a ``mask_mod`` for :func:`attention_core.flex_attention`;
 - :func:`indexer_kl_loss`: eqs. (3) and (4), with the set of keys as a mask.
 
