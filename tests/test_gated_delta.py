@@ -291,6 +291,15 @@ def test_the_layer_is_the_papers_block_written_out():
     torch.testing.assert_close(m(x)[0], _layer_by_hand(m, x), rtol=1e-5, atol=1e-5)
 
 
+def test_the_layers_chunk_size_changes_nothing_but_the_work():
+    x = torch.randn(2, 11, 16, generator=torch.Generator().manual_seed(4))
+    want = _layer()(x)[0]
+    for C in (1, 3, 11, 64):
+        m = _layer()
+        m.chunk_size = C
+        torch.testing.assert_close(m(x)[0], want, rtol=1e-5, atol=1e-5)
+
+
 def test_the_layer_is_causal_and_its_gates_are_in_range():
     m = _layer()
     x = torch.randn(1, 9, 16, generator=torch.Generator().manual_seed(1))
