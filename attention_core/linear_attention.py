@@ -524,18 +524,19 @@ def gated_delta_rule_chunked(
 
     The algorithm is DeltaNet's chunkwise form (Yang et al., NeurIPS 2024, "Parallelizing Linear Transformers with
     the Delta Rule over Sequence Length": the WY representation of the product of the chunk's Householder-like
-    transitions, eqs. (4)-(5) of the Gated DeltaNet paper, and the UT transform that gives its factors by one
-    triangular solve, eqs. (6)-(7)) extended with the gates as in the Gated DeltaNet paper, section 3.3: inside a
-    chunk, ``gamma_r`` = the product of ``alpha`` from the chunk's first token to its ``r``-th, the strictly lower
-    matrix of the UT transform is ``diag(beta) (Gamma * K K^T)``, and the state entering the chunk reaches token
-    ``r`` decayed by ``gamma_r``. Its output uses ``Q K^T * Gamma`` inside the chunk (the decay-aware mask of eq.
-    (1)); the printed equation of section 3.3 writes the 0/1 mask ``M`` there, which drops the decay between two
-    tokens of one chunk (NVlabs/GatedDeltaNet issue 15); the recurrence of eq. (10) needs ``Gamma``, as here. The
-    decays are taken as differences of cumulative sums of ``log alpha``, so no ratio ``1 / gamma_i`` overflows.
+    transitions, eqs. (4)-(5) of the Gated DeltaNet paper, the UT transform that gives its factors by one triangular
+    solve, eqs. (6)-(7), and the chunk's state and outputs, eqs. (8)-(9)) extended with the gates as in the Gated
+    DeltaNet paper, section 3.3: inside a chunk, ``gamma_r`` = the product of ``alpha`` from the chunk's first token
+    to its ``r``-th, the strictly lower matrix of the UT transform is ``diag(beta) (Gamma * K K^T)``, and the state
+    entering the chunk reaches token ``r`` decayed by ``gamma_r``. Its output uses ``Q K^T * Gamma`` inside the
+    chunk (the decay-aware mask of eq. (1)); the printed equation of section 3.3 writes the 0/1 mask ``M`` there,
+    which drops the decay between two tokens of one chunk (NVlabs/GatedDeltaNet issue 15); the recurrence of eq.
+    (10) needs ``Gamma``, as here. The decays are taken as differences of cumulative sums of ``log alpha``, so no
+    ratio ``1 / gamma_i`` overflows.
+    The arguments other than ``chunk_size`` are those of :func:`gated_delta_rule_recurrent`.
 
     Args:
         chunk_size: C >= 1, tokens per chunk; the last chunk holds ``L mod C`` tokens when C does not divide L.
-        The others: as :func:`gated_delta_rule_recurrent`.
 
     Returns:
         ``(out (..., L, Ev), state)``.
