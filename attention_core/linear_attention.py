@@ -13,6 +13,9 @@ decoding is an RNN whose state has a fixed size, whatever the length.
 - :func:`linear_attention_recurrent`: the recurrent form (one state update per key), with its final state;
 - :func:`linear_attention_chunked`: causal, chunk by chunk (parallel inside a chunk, the state across chunks);
 - :func:`delta_rule`: the delta rule (Schlag et al., 2021): write ``beta (v - S k) k^T`` instead of ``v k^T``;
+- :func:`gated_delta_rule_recurrent`, :func:`gated_delta_rule_chunked`: the gated delta rule (Yang, Kautz &
+  Hatamizadeh, ICLR 2025), ``S_t = S_{t-1} (alpha_t (I - beta_t k_t k_t^T)) + beta_t v_t k_t^T``, token by token
+  and chunk by chunk (the WY / UT-transform algorithm), with :class:`GatedDeltaState` for decoding;
 - :func:`performer_features`, :func:`performer_variance`: random features whose dot product estimates
   ``exp(x . y)`` without bias (Choromanski et al., 2021), positive and trigonometric, and their
   closed-form variance (the paper's Lemma 2).
@@ -49,10 +52,13 @@ from attention_core._nonfinite import all_finite, bad_rows, check_on_host, nan_r
 
 __all__ = [
     "FEATURE_MAPS",
+    "GatedDeltaState",
     "LinearAttentionState",
     "delta_rule",
     "draw_omega",
     "elu_feature_map",
+    "gated_delta_rule_chunked",
+    "gated_delta_rule_recurrent",
     "linear_attention",
     "linear_attention_chunked",
     "linear_attention_recurrent",
@@ -352,6 +358,194 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
         state = state + betas[..., j, None, None] * err.unsqueeze(-1) * k.unsqueeze(-2)  # (..., Ev, E)
         outs.append((state @ query[..., j, :].unsqueeze(-1)).squeeze(-1))  # (..., Ev)
     return torch.stack(outs, dim=-2), state
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The gated delta rule (Gated DeltaNet)
+
+
+@dataclass
+class GatedDeltaState:
+    """The state of the gated delta rule after some tokens: ``S (..., Ev, E)``, the paper's ``S_t`` in
+    ``R^{d_v x d_k}`` (the memory read as ``o = S q``). Its size does not depend on how many tokens it has seen."""
+
+    S: torch.Tensor
+
+    def nbytes(self) -> int:
+        """Bytes the state occupies."""
+        return self.S.numel() * self.S.element_size()
+
+
+def _check_gated_delta(query: object, key: object, value: object, alpha: object, beta: object,
+                       state: object, normalize_keys: object
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The public edge of both forms: shapes, dtypes, devices, finite inputs, ``alpha`` in (0, 1] and ``beta`` in
+    [0, 1] (a tensor of one per token and head, or one number for all), the state's shape. Returns
+    ``(alpha, beta, state.S or None)``, the gates as (..., L) tensors."""
+    _check_qkv(query, key, value, causal=True)
+    check_bool_flag(normalize_keys, "normalize_keys")
+    if query.shape[-2] != key.shape[-2]:
+        raise ValueError(f"the gated delta rule needs L == S (one query per written key), got query "
+                         f"{fmt_shape(query.shape)} and key {fmt_shape(key.shape)}")
+    gates = {}
+    for name, g, low in (("alpha", alpha, "(0, 1]"), ("beta", beta, "[0, 1]")):
+        if not isinstance(g, torch.Tensor):
+            if isinstance(g, bool) or not isinstance(g, (int, float)):
+                raise TypeError(f"{name} must be a tensor (..., L) or a float in {low}, got {type(g).__name__} "
+                                f"{short_repr(g)}")
+            g = key.new_full(key.shape[:-1], float(g))  # one number for every token and head
+        check_floating(g, name)
+        gates[name] = g
+        if g.shape != key.shape[:-1]:
+            raise ValueError(f"{name} must have shape (..., L) = {fmt_shape(key.shape[:-1])} (one per token and "
+                             f"head), got {fmt_shape(g.shape)}")
+        check_same_device(key=key, **{name: g})
+        if g.device.type != "meta" and g.numel():
+            inside = ((g > 0) if name == "alpha" else (g >= 0)) & (g <= 1)  # False for NaN
+            if not bool(inside.all()):
+                raise ValueError(f"{name} must be in {low} (alpha: the fraction of the state kept; beta: the write "
+                                 f"strength), got values from {float(g.min()):g} to {float(g.max()):g}")
+    if query.device.type != "meta" and not bool(all_finite(query, key, value, None)):
+        raise ValueError("query, key and value must be finite for the gated delta rule (a NaN or inf written "
+                         "into the state reaches every later token)")
+    if state is None:
+        return gates["alpha"], gates["beta"], None
+    if not isinstance(state, GatedDeltaState):
+        raise TypeError(f"state must be a GatedDeltaState or None, got {type(state).__name__}")
+    check_tensor(state.S, "state.S")
+    want = (*key.shape[:-2], value.shape[-1], key.shape[-1])
+    if tuple(state.S.shape) != want:
+        raise ValueError(f"state.S must have shape (..., Ev, E) = {want} for these inputs, got "
+                         f"{fmt_shape(state.S.shape)}")
+    check_same_dtype(key=key, **{"state.S": state.S})
+    check_same_device(key=key, **{"state.S": state.S})
+    return gates["alpha"], gates["beta"], state.S
+
+
+def _gated_delta_recurrent(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_alpha: torch.Tensor,
+                           beta: torch.Tensor, S: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (10) token by token, no checks (the layer calls this with ``log alpha`` from its decay)."""
+    if S is None:
+        S = key.new_zeros(*key.shape[:-2], value.shape[-1], key.shape[-1])  # (..., Ev, E)
+    outs = []
+    for t in range(key.shape[-2]):
+        k, v = key[..., t, :], value[..., t, :]  # (..., E), (..., Ev)
+        S = log_alpha[..., t, None, None].exp() * S  # the gate: alpha_t S_{t-1}
+        err = v - (S @ k.unsqueeze(-1)).squeeze(-1)  # (..., Ev): v_t - alpha_t S_{t-1} k_t
+        S = S + beta[..., t, None, None] * err.unsqueeze(-1) * k.unsqueeze(-2)  # (..., Ev, 1) * (..., 1, E)
+        outs.append((S @ query[..., t, :].unsqueeze(-1)).squeeze(-1))  # o_t = S_t q_t, (..., Ev)
+    out = torch.stack(outs, dim=-2) if outs else value.new_zeros(value.shape)  # (..., L, Ev)
+    return out, S
+
+
+def _gated_delta_chunked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_alpha: torch.Tensor,
+                         beta: torch.Tensor, S: torch.Tensor | None, chunk_size: int
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunkwise algorithm, no checks. Inside a chunk of C tokens, with ``G_r`` the cumulative sum of
+    ``log alpha`` from the chunk's start (``gamma_r = exp(G_r)``), the state after its ``r``-th token is
+    ``S^r = gamma_r S_0 + sum_{i <= r} (gamma_r / gamma_i) n_i k_i^T`` with the new values
+    ``N = T (diag(beta) V) - T diag(beta gamma) K S_0^T`` and ``T = (I + A)^{-1}``,
+    ``A_ri = beta_r (gamma_r / gamma_i) k_r . k_i`` for ``i < r`` (the UT transform, solved as one unit lower
+    triangular system). Then ``O = diag(gamma) Q S_0^T + (Q K^T * Gamma) N`` and
+    ``S_C = gamma_C S_0 + N^T diag(gamma_C / gamma) K``, ``Gamma_ri = gamma_r / gamma_i`` for ``i <= r``."""
+    if S is None:
+        S = key.new_zeros(*key.shape[:-2], value.shape[-1], key.shape[-1])  # (..., Ev, E)
+    outs = []
+    for a in range(0, key.shape[-2], chunk_size):
+        q, k, v = query[..., a:a + chunk_size, :], key[..., a:a + chunk_size, :], value[..., a:a + chunk_size, :]
+        b = beta[..., a:a + chunk_size]  # (..., C)
+        C = k.shape[-2]  # the last chunk may be shorter
+        G = log_alpha[..., a:a + chunk_size].cumsum(-1)  # (..., C): log gamma_r
+        lower = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()  # i <= r
+        diff = G.unsqueeze(-1) - G.unsqueeze(-2)  # (..., C, C): log(gamma_r / gamma_i)
+        Gamma = torch.where(lower, diff, float("-inf")).exp()  # (..., C, C), 0 above the diagonal
+        A = (b.unsqueeze(-1) * Gamma * (k @ k.transpose(-2, -1))).tril(-1)  # (..., C, C), strictly lower
+        eye = torch.eye(C, dtype=k.dtype, device=k.device)
+        rhs = torch.cat([b.unsqueeze(-1) * v, (b * G.exp()).unsqueeze(-1) * k], dim=-1)  # (..., C, Ev + E)
+        UW = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)  # T @ rhs
+        U, W = UW[..., :v.shape[-1]], UW[..., v.shape[-1]:]  # (..., C, Ev), (..., C, E)
+        N = U - W @ S.transpose(-2, -1)  # (..., C, E) @ (..., E, Ev) -> (..., C, Ev)
+        inter = G.exp().unsqueeze(-1) * (q @ S.transpose(-2, -1))  # (..., C, Ev): gamma_r S_0 q_r
+        outs.append(inter + ((q @ k.transpose(-2, -1)) * Gamma) @ N)  # (..., C, C) @ (..., C, Ev)
+        decay_to_end = (G[..., -1:] - G).exp()  # (..., C): gamma_C / gamma_i
+        S = G[..., -1, None, None].exp() * S + N.transpose(-2, -1) @ (decay_to_end.unsqueeze(-1) * k)  # (..., Ev, E)
+    out = torch.cat(outs, dim=-2) if outs else value.new_zeros(value.shape)  # (..., L, Ev)
+    return out, S
+
+
+def _gated_delta_inputs(key: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, normalize_keys: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    key = F.normalize(key, dim=-1) if normalize_keys else key
+    return key, alpha.to(key.dtype).log(), beta.to(key.dtype)
+
+
+def gated_delta_rule_recurrent(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, *,
+    state: GatedDeltaState | None = None, normalize_keys: bool = True,
+) -> tuple[torch.Tensor, GatedDeltaState]:
+    """The gated delta rule token by token: the reference form (Yang, Kautz & Hatamizadeh, "Gated Delta Networks:
+    Improving Mamba2 with Delta Rule", ICLR 2025, section 3.1, eq. (10))::
+
+        S_t = S_{t-1} (alpha_t (I - beta_t k_t k_t^T)) + beta_t v_t k_t^T,        o_t = S_t q_t
+
+    in the paper's convention: ``S_t`` is (Ev, E) = ``d_v x d_k`` and is read as ``S q``; ``alpha_t`` decays the
+    whole memory, ``beta_t`` is the write strength of the delta rule. It is computed as
+    ``S <- alpha_t S; S <- S + beta_t (v_t - S k_t) k_t^T`` (the same product, expanded). With ``alpha = 1`` it is
+    :func:`delta_rule`; with ``beta = 0`` the memory only decays. No softmax, no normalizer, no query scale.
+
+    Args:
+        query: (..., L, E), used as given (the layer L2-normalizes it, as the paper's section 3.4 does).
+        key: (..., L, E); L2-normalized here when ``normalize_keys`` (the paper's choice: with unit keys and
+            ``beta`` in [0, 1] the transition ``I - beta k k^T`` has eigenvalues in [0, 1], so the state stays
+            bounded). With ``normalize_keys=False`` the keys are used as given.
+        value: (..., L, Ev); query, key and value of one floating dtype and device, finite.
+        alpha: (..., L), the decay of each token and head, in (0, 1] (the paper has (0, 1); 1 keeps everything),
+            or one float for all.
+        beta: (..., L), the write strength, in [0, 1] (the paper's (0, 1), closed: a float32 sigmoid reaches both
+            ends), or one float for all.
+        state: the state to continue from (decoding), or ``None`` (zeros).
+        normalize_keys: see ``key``.
+
+    Returns:
+        ``(out (..., L, Ev), state)``: the outputs and the state after the last token.
+    """
+    alpha, beta, S = _check_gated_delta(query, key, value, alpha, beta, state, normalize_keys)
+    key, log_alpha, beta = _gated_delta_inputs(key, alpha, beta, normalize_keys)
+    out, S = _gated_delta_recurrent(query, key, value, log_alpha, beta, S)
+    return out, GatedDeltaState(S)
+
+
+def gated_delta_rule_chunked(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, *,
+    chunk_size: int = 64, state: GatedDeltaState | None = None, normalize_keys: bool = True,
+) -> tuple[torch.Tensor, GatedDeltaState]:
+    """The gated delta rule chunk by chunk: equal to :func:`gated_delta_rule_recurrent` (same arguments), in
+    O(L C (E + Ev)) + O(L E Ev) work of matrix products instead of L rank-1 updates.
+
+    The algorithm is DeltaNet's chunkwise form (Yang et al., NeurIPS 2024, "Parallelizing Linear Transformers with
+    the Delta Rule over Sequence Length": the WY representation of the product of the chunk's Householder-like
+    transitions, eqs. (4)-(5) of the Gated DeltaNet paper, the UT transform that gives its factors by one triangular
+    solve, eqs. (6)-(7), and the chunk's state and outputs, eqs. (8)-(9)) extended with the gates as in the Gated
+    DeltaNet paper, section 3.3: inside a chunk, ``gamma_r`` = the product of ``alpha`` from the chunk's first token
+    to its ``r``-th, the strictly lower matrix of the UT transform is ``diag(beta) (Gamma * K K^T)``, and the state
+    entering the chunk reaches token ``r`` decayed by ``gamma_r``. Its output uses ``Q K^T * Gamma`` inside the
+    chunk (the decay-aware mask of eq. (1)); the printed equation of section 3.3 writes the 0/1 mask ``M`` there,
+    which drops the decay between two tokens of one chunk (NVlabs/GatedDeltaNet issue 15); the recurrence of eq.
+    (10) needs ``Gamma``, as here. The decays are taken as differences of cumulative sums of ``log alpha``, so no
+    ratio ``1 / gamma_i`` overflows.
+    The arguments other than ``chunk_size`` are those of :func:`gated_delta_rule_recurrent`.
+
+    Args:
+        chunk_size: C >= 1, tokens per chunk; the last chunk holds ``L mod C`` tokens when C does not divide L.
+
+    Returns:
+        ``(out (..., L, Ev), state)``.
+    """
+    check_positive_int(chunk_size, "chunk_size")
+    alpha, beta, S = _check_gated_delta(query, key, value, alpha, beta, state, normalize_keys)
+    key, log_alpha, beta = _gated_delta_inputs(key, alpha, beta, normalize_keys)
+    out, S = _gated_delta_chunked(query, key, value, log_alpha, beta, S, chunk_size)
+    return out, GatedDeltaState(S)
 
 
 # ----------------------------------------------------------------------------------------------------------

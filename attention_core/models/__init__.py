@@ -10,6 +10,10 @@
   the decode masks built from the mask mods;
 - :mod:`~attention_core.models.latent_attention`: DeepSeek-style multi-head latent attention and its cache;
 - :mod:`~attention_core.models.long_context`: a rotary decoder run with every key kept and the offsets clamped.
+- :mod:`~attention_core.models.gated_delta`: the Gated DeltaNet token mixer (the gated delta rule as a layer, with a
+  fixed-size decoding state);
+- :mod:`~attention_core.models.indexed_attention`: attention over the top-k keys of a lightning indexer (DeepSeek
+  Sparse Attention at small scale), with its key/value and indexer-key cache.
 
 A new model goes here as one module; its data and training recipe go in a task wing
 (``attention_core/<task>/``).
