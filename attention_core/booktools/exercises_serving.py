@@ -28,6 +28,8 @@ def _residual(p, q, *, normalise=True, reverse=False, guard=True, per_row=True, 
         return r
     mass = r.sum(-1, keepdim=True) if per_row else r.sum()
     out = r / mass
+    if guard == "zeros":  # a row with nothing left comes back as zeros instead of p
+        return torch.where(mass > 0, out, torch.zeros_like(p))
     return torch.where(mass > 0, out, p) if guard else out
 
 
@@ -75,6 +77,9 @@ def build() -> FunctionSpec:
                     lambda p, q: _residual(p, q, reverse=True)),
             Mistake("where p == q the residual sums to 0: return p there, not 0 / 0.",
                     lambda p, q: _residual(p, q, guard=False)),
+            Mistake("a row where p == q has nothing left: return p there (a rejection cannot happen in that row), "
+                    "not zeros, which sum to 0.",
+                    lambda p, q: _residual(p, q, guard="zeros")),
             Mistake("normalise each row (the last dim) on its own, not all rows together.",
                     lambda p, q: _residual(p, q, per_row=False)),
             Mistake("the residual is the part of p that q does not cover: p - q clipped at 0, not max(p, q).",

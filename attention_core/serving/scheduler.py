@@ -8,8 +8,8 @@ running. A request with ``output_len`` tokens to write is therefore busy for ``o
   runs until its longest member finishes (finished rows idle; every member leaves when the group does). With
   ``start="idle"`` (the default) a group starts as soon as the engine is idle and a request is waiting, with
   every waiting request up to ``max_batch`` (the request-level baselines of Kwon et al., 2023, §6.1, take "up
-  to B earliest arrived requests"); with ``start="full"`` it waits until ``max_batch`` requests (or the last
-  ones of the trace) have arrived.
+  to B number of earliest arrived requests", B the batch size); with ``start="full"`` it waits until ``max_batch``
+  requests (or the last ones of the trace) have arrived.
 - :func:`continuous_batching` (Orca's iteration-level scheduling, Yu et al., 2022): at every step, finished
   requests leave and waiting ones join, up to ``max_batch`` running.
 
