@@ -412,6 +412,7 @@ _NW_COPY = types.FunctionType(ac.nadaraya_watson.__code__, dict(ac.nadaraya_wats
 _EYE = torch.eye
 _UNFOLD = F.unfold  # an alias taken before the check
 _TORCH_IN_A_DICT = {"sdpa": F.scaled_dot_product_attention, "im2col": torch._C._nn.im2col}  # C functions
+_TORCH_MASKED = {"public": torch.masked.softmax, "private": torch._masked_softmax}  # aliases taken before the check
 
 
 def _ch02_sdpa_identity(scores, mask):  # the weights, as SDPA's output with identity keys and values
@@ -461,7 +462,15 @@ ROUTES = {
                            q[:, None], k[:, None], v[:, None], attn_mask=_ch01_window(q, k, h), scale=0.0))[:, 0]],
     "ch02.masked_softmax": [_ch02_sdpa_identity, _ch02_sdpa_in_a_dict, _ch02_numpy_backend,
                             lambda s, m: ac.attention_weights(s, _EYE(s.shape[-1]), m, scale=1.0),
-                            lambda s, m: exercises_scoring._softmax_guarded(s, m)],
+                            lambda s, m: exercises_scoring._softmax_guarded(s, m),
+                            # torch's own masked softmax: NaN in a fully masked row, one nan_to_num from the answer
+                            lambda s, m: torch.masked.softmax(s, -1, mask=m).nan_to_num(0.0),
+                            lambda s, m: _TORCH_MASKED["public"](s, -1, mask=m).nan_to_num(0.0),
+                            lambda s, m: torch.masked.log_softmax(s, -1, mask=m).exp().nan_to_num(0.0),
+                            lambda s, m: torch.masked.softmin(-s, -1, mask=m).nan_to_num(0.0),
+                            lambda s, m: torch._masked_softmax(s, ~m, -1, 0).nan_to_num(0.0),
+                            lambda s, m: _TORCH_MASKED["private"](s, ~m, -1, 0).nan_to_num(0.0),
+                            lambda s, m: torch.ops.aten._masked_softmax(s, ~m, -1, 0).nan_to_num(0.0)],
     "ch03.bahdanau_weights": [lambda s, h, m, W, U, v: lib_masked_softmax(
         torch.tanh((s @ W.T)[:, None] + h @ U.T) @ v, m)],  # the library's masked softmax inside
     "ch05.causal_attention": [lambda q, k, v: _TORCH_IN_A_DICT["sdpa"](q, k, v, is_causal=True),
@@ -1215,6 +1224,30 @@ def test_ch16_chunks_cut_with_torch_chunk_are_named():
     report = code_checks.check_function(zigzag_block_mask, spec)
     assert report.status == "failed", report.message
     assert "Hint: torch.chunk is not torch.tensor_split" in report.message, report.message
+
+
+def _ch02_uniform_dead(scores, mask):  # -inf and a guard on the scores, the guarded rows' weights not zeroed
+    dead = ~mask.any(-1, keepdim=True)
+    return torch.softmax(scores.masked_fill(~mask, NEG_INF).masked_fill(dead, 0.0), -1)
+
+
+CH02_FINITE_FILLS = {  # a student's own code for each mistake that leaves a fully masked row non-zero -> its hint
+    "-1e9 is not -inf": lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1),
+    "-1e9 is a wall of finite height": lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1) * m,
+    "adding -1e9 is not masking": lambda s, m: torch.softmax(s + (~m).float() * -1e9, -1),
+    "a fully masked row gets equal weights": _ch02_uniform_dead,
+}
+
+
+@pytest.mark.parametrize("start", CH02_FINITE_FILLS)
+def test_ch02_each_way_to_a_nonzero_dead_row_gets_its_own_hint(start):
+    """A -1e9 fill, a -1e9 fill zeroed afterwards, -1e9 added, and -inf with a guard that leaves the guarded row
+    uniform all give a fully masked row non-zero weights (the first and the last the same ones); each is told about
+    the mistake it made and no other (the -inf submission used to be told that -1e9 is not -inf)."""
+    spec = ce.spec("ch02.masked_softmax")
+    message = code_checks.check_function(CH02_FINITE_FILLS[start], spec).message
+    named = [hint for hint in KNOWN_HINTS["ch02.masked_softmax"] if f"Hint: {hint}" in message]
+    assert len(named) == 1 and named[0].startswith(start), message
 
 
 def test_values_wrong_only_at_fully_masked_rows_are_said_so():

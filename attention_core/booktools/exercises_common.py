@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["ATTENTION_MODULES", "NEG_INF", "T", "TORCH_ATTENTION", "draw_values", "library_reference", "rows_mask",
-           "strategies"]
+__all__ = ["ATTENTION_MODULES", "NEG_INF", "T", "TORCH_ATTENTION", "TORCH_MASKED_SOFTMAX", "draw_values",
+           "library_reference", "rows_mask", "strategies"]
 
 T = torch.tensor
 NEG_INF = float("-inf")
@@ -38,6 +38,11 @@ TORCH_ATEN_SDPA = tuple(
 TORCH_ATTENTION = ("torch.nn.functional.scaled_dot_product_attention", "torch._C._nn.scaled_dot_product_attention",
                    "torch.ops.aten.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
                    *TORCH_ATEN_SDPA)
+#: torch's own masked softmax (public, in ``torch.masked``, and the private operator SDPA's fast path uses):
+#: off where an exercise asks for the masked softmax itself (each gives NaN on a fully masked row, and one
+#: ``nan_to_num`` away from the whole answer).
+TORCH_MASKED_SOFTMAX = ("torch.masked.softmax", "torch.masked.log_softmax", "torch.masked.softmin",
+                        "torch._masked_softmax", "torch.ops.aten._masked_softmax")
 
 
 def strategies() -> Any:
