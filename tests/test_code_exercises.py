@@ -1186,6 +1186,25 @@ def test_a_mistake_matched_on_one_input_only_is_not_named(key):
     assert f"Hint: {mistake.hint}" in code_checks.check_function(made, spec).message
 
 
+def _ch05_future_zero(q, k, v):  # "zero the future scores": masked_fill with 0 instead of -inf
+    s = q @ k.T / math.sqrt(q.shape[-1])
+    return torch.softmax(s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), 0.0), dim=-1) @ v
+
+
+def _ch05_softmax_dim0(q, k, v):  # the softmax over dim 0 (the queries), written with F and -inf
+    s = (q @ k.T * q.shape[-1] ** -0.5).masked_fill(~torch.ones(len(q), len(k)).tril().bool(), -math.inf)
+    return F.softmax(s, 0) @ v
+
+
+@pytest.mark.parametrize(("fn", "phrase"), [(_ch05_future_zero, "with -inf, not 0"),
+                                            (_ch05_over_queries, "softmax over the keys"),
+                                            (_ch05_softmax_dim0, "softmax over the keys")])
+def test_ch05_zero_fill_and_wrong_softmax_dim_get_their_hints(fn, phrase):
+    report = code_checks.check_function(fn, ce.spec("ch05.causal_attention"))
+    hint = report.message.partition("\nHint: ")[2]
+    assert report.status == "failed" and phrase in hint, report.message
+
+
 def test_ch03_untransposed_W_a_gets_its_hint():
     """A reader's ``s_prev @ W_a`` (the .T missing) runs wherever the state and the score's hidden layer have
     the same width, gives wrong weights there, and is named (it crashed elsewhere with no hint before)."""

@@ -247,6 +247,44 @@ def test_a_box_names_the_known_mistake_a_value_matches() -> None:
     assert box.accepts("1.25") and box.evaluate("1.25").startswith("\u2713")
 
 
+#: chapter 5's exercise-1 box (the weight of "baseball" on itself without the scale): a typed value -> a phrase the
+#: hint for that mistake must hold (the referee's try first: the weight on "bat"); "" would be the general hint.
+_CH05_WEIGHT_TRIES = {"0.119": 'weight on "bat"', ".1192": 'weight on "bat"', "0.76": "1/sqrt(3) still in",
+                      "0.760": "1/sqrt(3) still in", "0.5": 'row of "bat"', "0.667": "divides each score",
+                      "2/3": "divides each score", "0.982": "softmax of 4 against 0",
+                      "0.3": "raw dot products", "0.12": "raw dot products"}
+
+
+def _chapter_box(stem: str, label: str):
+    """A chapter's number box, rebuilt from the notebook's own check_value call (every keyword it passes)."""
+    import ast
+    from pathlib import Path
+
+    import nbformat
+
+    from attention_core.booktools import exercises
+
+    path = Path(__file__).resolve().parent.parent / "book" / f"{stem}.ipynb"
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code" and label in cell.source and "check_value" in cell.source:
+            call = next(n for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Call)
+                        and getattr(n.func, "attr", "") == "check_value")
+            return exercises.ValueCheck(*(ast.literal_eval(a) for a in call.args),
+                                        **{k.arg: ast.literal_eval(k.value) for k in call.keywords})
+    raise AssertionError(f"{stem} has no box labelled {label!r}")
+
+
+def test_ch05_weight_box_names_each_known_mistake() -> None:
+    box = _chapter_box("05_self_attention", "weight of baseball on itself")
+    assert len(box.mistakes) >= 4 and "0.1192" not in box.static_html()  # the known values stay encoded
+    for typed, phrase in _CH05_WEIGHT_TRIES.items():
+        said = box.evaluate(typed)
+        assert said.startswith("\u2717 Not yet.") and phrase in said, (typed, said)
+    for right in ("0.881", ".881", "0.8808"):
+        assert box.evaluate(right).startswith("\u2713"), right
+    assert "rounded to 2 decimal places" in box.evaluate("0.88")  # a coarser rounding is told as one
+
+
 def test_mistakes_are_checked_after_the_answer_and_refused_when_malformed() -> None:
     from attention_core.booktools import exercises
 

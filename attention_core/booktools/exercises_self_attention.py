@@ -29,18 +29,18 @@ def sdpa_causal(q, k, v):
     return ac.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def _causal(q, k, v, *, scale=None, diagonal=0, late=False, upper=False, manual=False):
+def _causal(q, k, v, *, scale=None, diagonal=0, late=False, upper=False, manual=False, fill=NEG_INF, dim=-1):
     T_, E = q.shape[-2], q.shape[-1]
     s = q @ k.transpose(-2, -1) * (E**-0.5 if scale is None else scale)  # (..., T, T)
     keep = torch.ones(T_, T_, dtype=torch.bool)
     keep = keep.triu() if upper else keep.tril(diagonal)
     if late:
         return (torch.softmax(s, dim=-1) * keep) @ v
-    s = s.masked_fill(~keep, NEG_INF)
+    s = s.masked_fill(~keep, fill)
     if manual:  # exp without subtracting the row's maximum
         e = torch.exp(s)
         return (e / e.sum(-1, keepdim=True)) @ v
-    return torch.softmax(s, dim=-1) @ v
+    return torch.softmax(s, dim=dim) @ v
 
 
 CAUSAL_MISTAKES = (
@@ -53,6 +53,11 @@ CAUSAL_MISTAKES = (
             lambda q, k, v: _causal(q, k, v, upper=True)),
     Mistake("exp of a large score overflows to inf: subtract each row's maximum first (torch.softmax does).",
             lambda q, k, v: _causal(q, k, v, manual=True)),
+    Mistake("fill the future scores with -inf, not 0: exp(0) = 1, so a score of 0 still gives the future a weight.",
+            lambda q, k, v: _causal(q, k, v, fill=0.0)),
+    Mistake("take the softmax over the keys (the last dim, dim=-1), so that each query's row sums to 1; "
+            "over the queries it mixes the rows instead.",
+            lambda q, k, v: _causal(q, k, v, dim=-2)),
 )
 CAUSAL_UNAVAILABLE = ("attention_core.scaled_dot_product_attention", "attention_core.attention_weights",
                        "attention_core.functional.scaled_dot_product_attention",
