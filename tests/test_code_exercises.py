@@ -1511,3 +1511,91 @@ def test_torch_private_sdpa_operators_are_off_wherever_torch_attention_is(key):
 
     assert "torch.ops.aten._scaled_dot_product_attention_math" in TORCH_ATEN_SDPA
     assert set(TORCH_ATEN_SDPA) <= set(ce.spec(key).unavailable), key
+
+
+# ------------------------------------------------------- torch's whole-answer attention under its other names
+# torch binds its fused attention operators under several names: ``torch.X``, ``torch.ops.aten.X`` and each
+# overload ``torch.ops.aten.X.default``. Each route below computes chapter 6's answer whole and must be refused,
+# with a message that names what the reader called (not an AttributeError from a patched-over operator).
+
+_NATIVE_MHA_ALIAS = torch.ops.aten._native_multi_head_attention.default  # an overload taken before the check
+_SDPA_DEFAULT_ALIAS = torch.ops.aten.scaled_dot_product_attention.default
+
+
+def _ch06_native(op):
+    """A one-line wrapper around torch's fused multi-head attention (``nn.MultiheadAttention``'s fast path)."""
+    def causal_multi_head(x, w_q, w_k, w_v, w_o, num_heads):
+        L, D = x.shape[1], x.shape[2]
+        return op()(x, x, x, D, num_heads, torch.cat([w_q.T, w_k.T, w_v.T]), torch.zeros(3 * D, dtype=x.dtype),
+                    w_o.T, torch.zeros(D, dtype=x.dtype), torch.ones(L, L, dtype=torch.bool).triu(1),
+                    False, True, 0)[0]
+    return causal_multi_head
+
+
+def _ch06_heads_around(attend):
+    """The reader's own projections and heads, with torch's attention operator for the attention step."""
+    def causal_multi_head(x, w_q, w_k, w_v, w_o, num_heads):
+        B, L, D = x.shape
+        heads = lambda t: t.view(B, L, num_heads, D // num_heads).transpose(1, 2)  # noqa: E731
+        out = attend(heads(x @ w_q), heads(x @ w_k), heads(x @ w_v))
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2).reshape(B, L, D) @ w_o
+    return causal_multi_head
+
+
+def _flex_causal(q, k, v):
+    from torch.nn.attention import flex_attention as fa
+
+    L = q.shape[-2]
+    return fa.flex_attention(q, k, v, block_mask=fa.create_block_mask(lambda b, h, i, j: j <= i, None, None, L, L,
+                                                                      device="cpu"))
+
+
+CH06_TORCH_WHOLE = [
+    ("torch._native_multi_head_attention", _ch06_native(lambda: torch._native_multi_head_attention)),
+    ("torch.ops.aten._native_multi_head_attention",
+     _ch06_native(lambda: torch.ops.aten._native_multi_head_attention)),
+    ("torch.ops.aten._native_multi_head_attention.default",
+     _ch06_native(lambda: torch.ops.aten._native_multi_head_attention.default)),
+    ("torch.ops.aten._native_multi_head_attention.default", _ch06_native(lambda: _NATIVE_MHA_ALIAS)),
+    ("torch.ops.aten.scaled_dot_product_attention.default", _ch06_heads_around(
+        lambda q, k, v: torch.ops.aten.scaled_dot_product_attention.default(q, k, v, is_causal=True))),
+    ("torch.ops.aten.scaled_dot_product_attention.default", _ch06_heads_around(
+        lambda q, k, v: _SDPA_DEFAULT_ALIAS(q, k, v, is_causal=True))),
+    ("torch.ops.aten.scaled_dot_product_attention", _ch06_heads_around(
+        lambda q, k, v: torch.ops.aten.scaled_dot_product_attention(q, k, v, is_causal=True))),
+    ("torch._scaled_dot_product_attention_math", _ch06_heads_around(
+        lambda q, k, v: torch._scaled_dot_product_attention_math(q, k, v, is_causal=True))),
+    ("torch._scaled_dot_product_flash_attention_for_cpu", _ch06_heads_around(
+        lambda q, k, v: torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True))),
+    ("torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default", _ch06_heads_around(
+        lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, is_causal=True))),
+    ("torch.ops.aten._scaled_dot_product_attention_math.default", _ch06_heads_around(
+        lambda q, k, v: torch.ops.aten._scaled_dot_product_attention_math.default(q, k, v, is_causal=True))),
+    ("torch.nn.attention.flex_attention.flex_attention", _ch06_heads_around(_flex_causal)),
+]
+
+
+@pytest.mark.parametrize("name,fn", CH06_TORCH_WHOLE, ids=[f"{i}-{n}" for i, (n, _) in enumerate(CH06_TORCH_WHOLE)])
+def test_ch06_torch_whole_answer_under_any_of_its_names_is_refused_by_that_name(name, fn):
+    """Each route gives the right answer (checked first, outside the check), and the checker refuses it, naming
+    the route; torch's operators are whole again afterwards."""
+    spec = ce.spec("ch06.causal_multi_head")
+    for case in spec.examples[1:3]:
+        assert torch.allclose(fn(*case), spec.reference(*case), atol=1e-6), name  # the route is a real answer
+    report = code_checks.check_function(fn, spec)
+    assert report.status == "failed", f"{name}: the checker accepts torch's whole answer"
+    assert f"{name} is not available while your causal_multi_head runs" in report.message, report.message
+    assert "AttributeError" not in report.message
+    assert torch.ops.aten.scaled_dot_product_attention.default is _SDPA_DEFAULT_ALIAS  # left in place, restored
+    assert isinstance(torch.ops.aten._native_multi_head_attention, torch._ops.OpOverloadPacket)
+
+
+@pytest.mark.parametrize("key", ["ch05.causal_attention", "ch08.causal_attention"])
+def test_torch_whole_attention_names_are_off_in_every_attention_exercise(key):
+    """The fused multi-head operator and torch's private SDPA functions are off wherever torch's SDPA is."""
+    from attention_core.booktools.exercises_common import TORCH_ATTENTION
+
+    assert {"torch._native_multi_head_attention", "torch.ops.aten._native_multi_head_attention",
+            "torch._scaled_dot_product_attention_math",
+            "torch.nn.attention.flex_attention.flex_attention"} <= set(TORCH_ATTENTION)
+    assert set(TORCH_ATTENTION) <= set(ce.spec(key).unavailable), key
