@@ -1599,3 +1599,31 @@ def test_torch_whole_attention_names_are_off_in_every_attention_exercise(key):
             "torch._scaled_dot_product_attention_math",
             "torch.nn.attention.flex_attention.flex_attention"} <= set(TORCH_ATTENTION)
     assert set(TORCH_ATTENTION) <= set(ce.spec(key).unavailable), key
+
+
+def _ch06_own(scale_of, zero_after=False):
+    """A reader's own causal multi-head attention (not the checker's helper), with the scores multiplied by
+    ``scale_of(E, H)``; ``zero_after``: no mask before the softmax, the later keys' weights zeroed after it."""
+    def causal_multi_head(x, w_q, w_k, w_v, w_o, num_heads):
+        B, L, D = x.shape
+        E = D // num_heads
+        heads = lambda t: t.view(B, L, num_heads, E).transpose(1, 2)  # noqa: E731
+        s = heads(x @ w_q) @ heads(x @ w_k).transpose(-2, -1) * scale_of(E, num_heads)
+        later = torch.ones(L, L, dtype=torch.bool).triu(1)
+        w = s.softmax(-1).masked_fill(later, 0.0) if zero_after else s.masked_fill(later, NEG_INF).softmax(-1)
+        return (w @ heads(x @ w_v)).transpose(1, 2).reshape(B, L, D) @ w_o
+    return causal_multi_head
+
+
+@pytest.mark.parametrize("fn,hint", [
+    (_ch06_own(lambda E, H: 1.0), "without it, they grow with E"),
+    (_ch06_own(lambda E, H: H ** -0.5), "not by 1/sqrt(num_heads)"),
+    (_ch06_own(lambda E, H: E ** -0.5, zero_after=True), "weights zeroed after it no longer sum to 1"),
+], ids=["no scale", "1/sqrt(H)", "zeroed after the softmax"])
+def test_ch06_scale_and_mask_mistakes_get_their_hint(fn, hint):
+    """A reader's own submission without the scale, with 1/sqrt(H), or with the later keys zeroed after the
+    softmax is told which mistake it made; the right scale and mask before the softmax pass."""
+    spec = ce.spec("ch06.causal_multi_head")
+    report = code_checks.check_function(fn, spec)
+    assert report.status == "failed" and hint in report.message, report.message
+    assert code_checks.check_function(_ch06_own(lambda E, H: E ** -0.5), spec).passed
