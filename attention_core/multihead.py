@@ -39,8 +39,8 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         embed_dim: D, the model width (query input and output size); a multiple of ``num_heads``.
-        num_heads: Hq, query heads; head size E = D / Hq.
-        num_kv_heads: H, key/value heads (default ``num_heads``); must divide ``num_heads``.
+        num_heads: H, query heads; head size E = D / H.
+        num_kv_heads: H_kv, key/value heads (default ``num_heads``); must divide ``num_heads``.
         dropout: dropout on the attention weights, applied in training mode only.
         bias: whether the four projections have biases.
         kdim: key input size (default D).
@@ -106,10 +106,10 @@ class MultiHeadAttention(nn.Module):
             key: (B, S, kdim); default ``query`` (self-attention).
             value: (B, S, vdim); default ``key``.
             attn_mask: SDPA convention (bool True = attend, or float added): (L, S), (B, L, S) or
-                (B, Hq, L, S) (size-1 dims broadcast). Never torch.nn.MultiheadAttention's inverted bool
+                (B, H, L, S) (size-1 dims broadcast). Never torch.nn.MultiheadAttention's inverted bool
                 convention: convert those with :func:`attention_core.from_torch_mha_mask`.
             is_causal: upper-left causal mask; combines with the other masks.
-            need_weights: also return the per-head weights (B, Hq, L, S), computed by the reference backend.
+            need_weights: also return the per-head weights (B, H, L, S), computed by the reference backend.
                 (``torch.nn.MultiheadAttention`` averages them over heads by default; take
                 ``weights.mean(1)`` for that.)
             key_padding_mask: (B, S), True (or 0.0) for real keys, False (or -inf) for padding.
@@ -119,7 +119,7 @@ class MultiHeadAttention(nn.Module):
                 ``key_padding_mask``: attention then skips the tiles it records as empty (no dropout, no weights).
 
         Returns:
-            ``(out, weights)``: out (B, L, D); weights (B, Hq, L, S) before dropout, or ``None``.
+            ``(out, weights)``: out (B, L, D); weights (B, H, L, S) before dropout, or ``None``.
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -128,20 +128,20 @@ class MultiHeadAttention(nn.Module):
         check_bool_flag(is_causal, "is_causal")
         mask = self._merge_masks(attn_mask, key_padding_mask, is_causal, B, L, S, query.device)
         causal_fast = is_causal and mask is None  # a lone causal mask stays a flag, which kernels exploit
-        Hq, H, E = self.num_heads, self.num_kv_heads, self.head_dim
-        q = self.q_proj(query).view(B, L, Hq, E).transpose(1, 2)  # (B, L, D) -> (B, Hq, L, E)
-        k = self.k_proj(key).view(B, S, H, E).transpose(1, 2)  # (B, S, kdim) -> (B, H, S, E)
-        v = self.v_proj(value).view(B, S, H, E).transpose(1, 2)  # (B, S, vdim) -> (B, H, S, E)
+        H, H_kv, E = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_proj(query).view(B, L, H, E).transpose(1, 2)  # (B, L, D) -> (B, H, L, E)
+        k = self.k_proj(key).view(B, S, H_kv, E).transpose(1, 2)  # (B, S, kdim) -> (B, H_kv, S, E)
+        v = self.v_proj(value).view(B, S, H_kv, E).transpose(1, 2)  # (B, S, vdim) -> (B, H_kv, S, E)
         args = (q, k, v, mask, self.dropout if self.training else 0.0, causal_fast)
         if block_mask is not None:
             if mask is not None or is_causal or need_weights or args[4] > 0:
                 raise ValueError("block_mask replaces attn_mask, is_causal and key_padding_mask, and takes no "
                                  "dropout and no need_weights")
-            out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=H != Hq, backend=backend or "chunked")
+            out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=H_kv != H, backend=backend or "chunked")
             weights = None
         else:
-            out, weights = attention(*args, enable_gqa=H != Hq, need_weights=need_weights, backend=backend)
-        out = out.transpose(1, 2).reshape(B, L, self.embed_dim)  # (B, Hq, L, E) -> (B, L, Hq * E)
+            out, weights = attention(*args, enable_gqa=H_kv != H, need_weights=need_weights, backend=backend)
+        out = out.transpose(1, 2).reshape(B, L, self.embed_dim)  # (B, H, L, E) -> (B, L, H * E)
         return self.out_proj(out), weights
 
     def _check_inputs(
@@ -177,13 +177,13 @@ class MultiHeadAttention(nn.Module):
         S: int,
         device: torch.device,
     ) -> torch.Tensor | None:
-        """One mask broadcastable to (B, Hq, L, S) from the three ways of giving one (None if none given)."""
+        """One mask broadcastable to (B, H, L, S) from the three ways of giving one (None if none given)."""
         if attn_mask is not None:
             self._check_mask(attn_mask, "attn_mask", device)
-            check_rank(attn_mask, "attn_mask", (2, 3, 4), "(L, S), (B, L, S) or (B, Hq, L, S)")
+            check_rank(attn_mask, "attn_mask", (2, 3, 4), "(L, S), (B, L, S) or (B, H, L, S)")
             if attn_mask.dim() == 3:
                 attn_mask = attn_mask.unsqueeze(1)  # (B, L, S) -> (B, 1, L, S)
-            check_mask_broadcasts(attn_mask, "attn_mask", (B, self.num_heads, L, S), "(B, Hq, L, S)")
+            check_mask_broadcasts(attn_mask, "attn_mask", (B, self.num_heads, L, S), "(B, H, L, S)")
         if key_padding_mask is not None:
             self._check_mask(key_padding_mask, "key_padding_mask", device)
             if tuple(key_padding_mask.shape) != (B, S):

@@ -474,7 +474,10 @@ ROUTES = {
     "ch03.bahdanau_weights": [lambda s, h, m, W, U, v: lib_masked_softmax(
         torch.tanh((s @ W.T)[:, None] + h @ U.T) @ v, m)],  # the library's masked softmax inside
     "ch05.causal_attention": [lambda q, k, v: _TORCH_IN_A_DICT["sdpa"](q, k, v, is_causal=True),
-                              lambda q, k, v: exercises_self_attention._causal(q, k, v)],
+                              lambda q, k, v: exercises_self_attention._causal(q, k, v),
+                              # chapter 18's simulated kernel in float32: the library's answer from another room
+                              lambda q, k, v: lp.simulate_attention(q[None], k[None], v[None],
+                                                                    is_causal=True).out[0]],
     "ch06.causal_multi_head": [lambda *a: exercises_multi_head._mha(*a)],
     "ch07.rope": [_ch07_private_rotation, lambda x, p: exercises_positional._rope(x, p)],
     "ch09.merge_partials": [lambda *a: exercises_at_scale._merge(*a)],
@@ -1563,3 +1566,119 @@ def test_torch_private_sdpa_operators_are_off_wherever_torch_attention_is(key):
 
     assert "torch.ops.aten._scaled_dot_product_attention_math" in TORCH_ATEN_SDPA
     assert set(TORCH_ATEN_SDPA) <= set(ce.spec(key).unavailable), key
+
+
+# ------------------------------------------------------- torch's whole-answer attention under its other names
+# torch binds its fused attention operators under several names: ``torch.X``, ``torch.ops.aten.X`` and each
+# overload ``torch.ops.aten.X.default``. Each route below computes chapter 6's answer whole and must be refused,
+# with a message that names what the reader called (not an AttributeError from a patched-over operator).
+
+_NATIVE_MHA_ALIAS = torch.ops.aten._native_multi_head_attention.default  # an overload taken before the check
+_SDPA_DEFAULT_ALIAS = torch.ops.aten.scaled_dot_product_attention.default
+
+
+def _ch06_native(op):
+    """A one-line wrapper around torch's fused multi-head attention (``nn.MultiheadAttention``'s fast path)."""
+    def causal_multi_head(x, w_q, w_k, w_v, w_o, num_heads):
+        L, D = x.shape[1], x.shape[2]
+        return op()(x, x, x, D, num_heads, torch.cat([w_q.T, w_k.T, w_v.T]), torch.zeros(3 * D, dtype=x.dtype),
+                    w_o.T, torch.zeros(D, dtype=x.dtype), torch.ones(L, L, dtype=torch.bool).triu(1),
+                    False, True, 0)[0]
+    return causal_multi_head
+
+
+def _ch06_heads_around(attend):
+    """The reader's own projections and heads, with torch's attention operator for the attention step."""
+    def causal_multi_head(x, w_q, w_k, w_v, w_o, num_heads):
+        B, L, D = x.shape
+        heads = lambda t: t.view(B, L, num_heads, D // num_heads).transpose(1, 2)  # noqa: E731
+        out = attend(heads(x @ w_q), heads(x @ w_k), heads(x @ w_v))
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2).reshape(B, L, D) @ w_o
+    return causal_multi_head
+
+
+def _flex_causal(q, k, v):
+    from torch.nn.attention import flex_attention as fa
+
+    L = q.shape[-2]
+    return fa.flex_attention(q, k, v, block_mask=fa.create_block_mask(lambda b, h, i, j: j <= i, None, None, L, L,
+                                                                      device="cpu"))
+
+
+CH06_TORCH_WHOLE = [
+    ("torch._native_multi_head_attention", _ch06_native(lambda: torch._native_multi_head_attention)),
+    ("torch.ops.aten._native_multi_head_attention",
+     _ch06_native(lambda: torch.ops.aten._native_multi_head_attention)),
+    ("torch.ops.aten._native_multi_head_attention.default",
+     _ch06_native(lambda: torch.ops.aten._native_multi_head_attention.default)),
+    ("torch.ops.aten._native_multi_head_attention.default", _ch06_native(lambda: _NATIVE_MHA_ALIAS)),
+    ("torch.ops.aten.scaled_dot_product_attention.default", _ch06_heads_around(
+        lambda q, k, v: torch.ops.aten.scaled_dot_product_attention.default(q, k, v, is_causal=True))),
+    ("torch.ops.aten.scaled_dot_product_attention.default", _ch06_heads_around(
+        lambda q, k, v: _SDPA_DEFAULT_ALIAS(q, k, v, is_causal=True))),
+    ("torch.ops.aten.scaled_dot_product_attention", _ch06_heads_around(
+        lambda q, k, v: torch.ops.aten.scaled_dot_product_attention(q, k, v, is_causal=True))),
+    ("torch._scaled_dot_product_attention_math", _ch06_heads_around(
+        lambda q, k, v: torch._scaled_dot_product_attention_math(q, k, v, is_causal=True))),
+    ("torch._scaled_dot_product_flash_attention_for_cpu", _ch06_heads_around(
+        lambda q, k, v: torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True))),
+    ("torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default", _ch06_heads_around(
+        lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, is_causal=True))),
+    ("torch.ops.aten._scaled_dot_product_attention_math.default", _ch06_heads_around(
+        lambda q, k, v: torch.ops.aten._scaled_dot_product_attention_math.default(q, k, v, is_causal=True))),
+    ("torch.nn.attention.flex_attention.flex_attention", _ch06_heads_around(_flex_causal)),
+]
+
+
+@pytest.mark.parametrize("name,fn", CH06_TORCH_WHOLE, ids=[f"{i}-{n}" for i, (n, _) in enumerate(CH06_TORCH_WHOLE)])
+def test_ch06_torch_whole_answer_under_any_of_its_names_is_refused_by_that_name(name, fn):
+    """Each route gives the right answer (checked first, outside the check), and the checker refuses it, naming
+    the route; torch's operators are whole again afterwards."""
+    spec = ce.spec("ch06.causal_multi_head")
+    for case in spec.examples[1:3]:
+        assert torch.allclose(fn(*case), spec.reference(*case), atol=1e-6), name  # the route is a real answer
+    report = code_checks.check_function(fn, spec)
+    assert report.status == "failed", f"{name}: the checker accepts torch's whole answer"
+    assert f"{name} is not available while your causal_multi_head runs" in report.message, report.message
+    assert "AttributeError" not in report.message
+    assert torch.ops.aten.scaled_dot_product_attention.default is _SDPA_DEFAULT_ALIAS  # left in place, restored
+    assert isinstance(torch.ops.aten._native_multi_head_attention, torch._ops.OpOverloadPacket)
+
+
+@pytest.mark.parametrize("key", ["ch05.causal_attention", "ch08.causal_attention"])
+def test_torch_whole_attention_names_are_off_in_every_attention_exercise(key):
+    """The fused multi-head operator and torch's private SDPA functions are off wherever torch's SDPA is."""
+    from attention_core.booktools.exercises_common import TORCH_ATTENTION
+
+    assert {"torch._native_multi_head_attention", "torch.ops.aten._native_multi_head_attention",
+            "torch._scaled_dot_product_attention_math",
+            "torch.nn.attention.flex_attention.flex_attention"} <= set(TORCH_ATTENTION)
+    assert set(TORCH_ATTENTION) <= set(ce.spec(key).unavailable), key
+
+
+def _ch06_own(scale_of, zero_after=False):
+    """A reader's own causal multi-head attention (not the checker's helper), with the scores multiplied by
+    ``scale_of(E, H)``; ``zero_after``: no mask before the softmax, the later keys' weights zeroed after it."""
+    def causal_multi_head(x, w_q, w_k, w_v, w_o, num_heads):
+        B, L, D = x.shape
+        E = D // num_heads
+        heads = lambda t: t.view(B, L, num_heads, E).transpose(1, 2)  # noqa: E731
+        s = heads(x @ w_q) @ heads(x @ w_k).transpose(-2, -1) * scale_of(E, num_heads)
+        later = torch.ones(L, L, dtype=torch.bool).triu(1)
+        w = s.softmax(-1).masked_fill(later, 0.0) if zero_after else s.masked_fill(later, NEG_INF).softmax(-1)
+        return (w @ heads(x @ w_v)).transpose(1, 2).reshape(B, L, D) @ w_o
+    return causal_multi_head
+
+
+@pytest.mark.parametrize("fn,hint", [
+    (_ch06_own(lambda E, H: 1.0), "without it, they grow with E"),
+    (_ch06_own(lambda E, H: H ** -0.5), "not by 1/sqrt(num_heads)"),
+    (_ch06_own(lambda E, H: E ** -0.5, zero_after=True), "weights zeroed after it no longer sum to 1"),
+], ids=["no scale", "1/sqrt(H)", "zeroed after the softmax"])
+def test_ch06_scale_and_mask_mistakes_get_their_hint(fn, hint):
+    """A reader's own submission without the scale, with 1/sqrt(H), or with the later keys zeroed after the
+    softmax is told which mistake it made; the right scale and mask before the softmax pass."""
+    spec = ce.spec("ch06.causal_multi_head")
+    report = code_checks.check_function(fn, spec)
+    assert report.status == "failed" and hint in report.message, report.message
+    assert code_checks.check_function(_ch06_own(lambda E, H: E ** -0.5), spec).passed

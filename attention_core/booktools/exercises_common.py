@@ -23,21 +23,29 @@ NEG_INF = float("-inf")
 #: Where the library computes attention whole (any backend, any wrapper): unavailable to every exercise that
 #: asks for a softmax or an attention to be written by hand.
 ATTENTION_MODULES = ("attention_core.functional", "attention_core.backends", "attention_core.multihead",
-                     "attention_core.flex_attention", "attention_core.paged_attention", "attention_core.models")
-#: torch's own attention, under the names a student finds (its bindings included).
+                     "attention_core.flex_attention", "attention_core.paged_attention", "attention_core.models",
+                     "attention_core.low_precision", "attention_core.distributed")
 #: torch's private attention operators (the ``aten::_scaled_dot_product_*`` family on ``torch.ops.aten``): each
-#: returns the whole answer as its first output.
-TORCH_ATEN_SDPA = tuple(
-    f"torch.ops.aten.{name}" for name in (
-        "_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps",
-        "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_fused_attention_overrideable")
-    if hasattr(torch.ops.aten, name))
-#: torch's functions that compute attention whole: off while any attention exercise's function runs.
+#: returns the whole answer as its first output. The same C functions are bound in torch's own namespace too.
+_PRIVATE_SDPA = ("_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps",
+                 "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                 "_scaled_dot_product_fused_attention_overrideable", "_triton_scaled_dot_attention")
+TORCH_ATEN_SDPA = tuple(f"torch.ops.aten.{name}" for name in _PRIVATE_SDPA if hasattr(torch.ops.aten, name))
+#: torch's multi-head attention written whole: the fused operator behind ``nn.MultiheadAttention``'s fast path
+#: (projections, heads, attention and output projection in one call), under both of its names.
+TORCH_MHA_OPS = tuple(name for name in ("torch._native_multi_head_attention", "torch._triton_multi_head_attention",
+                                        "torch.ops.aten._native_multi_head_attention",
+                                        "torch.ops.aten._triton_multi_head_attention")
+                      if hasattr(torch.ops.aten if "ops" in name else torch, name.rsplit(".", 1)[1]))
+#: torch's functions that compute attention whole, under the names a student finds (its bindings included; an
+#: operator on ``torch.ops.aten`` is refused with every overload, ``.default`` too): off while any attention
+#: exercise's function runs.
 TORCH_ATTENTION = ("torch.nn.functional.scaled_dot_product_attention", "torch._C._nn.scaled_dot_product_attention",
                    "torch.ops.aten.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
-                   *TORCH_ATEN_SDPA)
+                   "torch.nn.attention.flex_attention.flex_attention",
+                   *TORCH_ATEN_SDPA, *(f"torch.{name}" for name in _PRIVATE_SDPA if hasattr(torch, name)),
+                   *TORCH_MHA_OPS)
 #: torch's own masked softmax (public, in ``torch.masked``, and the private operator SDPA's fast path uses):
 #: off where an exercise asks for the masked softmax itself (each gives NaN on a fully masked row, and one
 #: ``nan_to_num`` away from the whole answer).

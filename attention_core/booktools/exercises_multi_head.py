@@ -31,7 +31,10 @@ def _mha_reference(x, w_q, w_k, w_v, w_o, num_heads):
         return mha(x, attn_mask=ac.causal_mask(x.shape[1]))[0]
 
 
-def _mha(x, w_q, w_k, w_v, w_o, H, *, mask=True, scale_d=False, split="ok", merge="ok", out=True, right=True):
+def _mha(x, w_q, w_k, w_v, w_o, H, *, mask=True, scale_d=False, split="ok", merge="ok", out=True, right=True,
+         scale=None, zero_after=False):
+    """The worked answer, or one known mistake: ``scale`` replaces 1/sqrt(E) (1.0: no scale); ``zero_after``
+    applies no mask before the softmax and zeroes the later keys' weights after it (rows no longer sum to 1)."""
     B, L, D = x.shape
     E = D // H
     if not right:
@@ -43,10 +46,14 @@ def _mha(x, w_q, w_k, w_v, w_o, H, *, mask=True, scale_d=False, split="ok", merg
         return t.view(B, L, H, E).transpose(1, 2)  # (B, L, D) -> (B, H, L, E)
 
     q, k, v = heads(x @ w_q), heads(x @ w_k), heads(x @ w_v)
-    s = q @ k.transpose(-2, -1) / math.sqrt(D if scale_d else E)  # (B, H, L, L)
-    if mask:
-        s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), NEG_INF)
-    o = torch.softmax(s, dim=-1) @ v  # (B, H, L, E)
+    s = q @ k.transpose(-2, -1) * (1 / math.sqrt(D if scale_d else E) if scale is None else scale)  # (B, H, L, L)
+    later = torch.ones(L, L, dtype=torch.bool).triu(1)  # key j after query i
+    if mask and not zero_after:
+        s = s.masked_fill(later, NEG_INF)
+    w = torch.softmax(s, dim=-1)
+    if zero_after:
+        w = w.masked_fill(later, 0.0)
+    o = w @ v  # (B, H, L, E)
     o = o.reshape(B, L, D) if merge == "reshape" else o.transpose(1, 2).reshape(B, L, D)  # -> (B, L, D)
     return o @ w_o if out else o
 
@@ -89,5 +96,11 @@ def build() -> FunctionSpec:
                     lambda *a: _mha(*a, merge="reshape")),
             Mistake("after concatenating the heads, apply the output projection w_o.", lambda *a: _mha(*a, out=False)),
             Mistake("the weights act on the right: x @ w_q, not x @ w_q.T.", lambda *a: _mha(*a, right=False)),
+            Mistake("scale the scores by 1/sqrt(E), E = D / num_heads the size of one head: without it, they grow "
+                    "with E.", lambda *a: _mha(*a, scale=1.0)),
+            Mistake("scale by 1/sqrt(E), the size of one head, not by 1/sqrt(num_heads).",
+                    lambda *a: _mha(*a, scale=1 / math.sqrt(a[5]))),
+            Mistake("mask before the softmax (later keys at -inf): weights zeroed after it no longer sum to 1.",
+                    lambda *a: _mha(*a, zero_after=True)),
         ),
     )

@@ -81,8 +81,13 @@ def unavailable(spec: attention_core.booktools.code_checks.FunctionSpec,
     originals: dict[int, str] = {id(spec.reference): spec.name}
     hidden = (*spec.unavailable_globals, f"{spec.name}_solution")  # the chapter's worked solution
     try:
+        operators: dict[int, str] = {}
         for path in spec.unavailable:
             owner, attr, obj = _resolve(path)
+            found = _operator_functions(path, obj)
+            if found:  # a torch operator: left in place, its C functions refused (``.default`` says so too)
+                operators.update(found)
+                continue
             originals[id(obj)] = path
             saved.append((owner, attr, obj))
             setattr(owner, attr, _blocked(path, spec))
@@ -95,7 +100,7 @@ def unavailable(spec: attention_core.booktools.code_checks.FunctionSpec,
             _block_captured(fn, originals, spec, saved)
         previous, previous_threads = sys.getprofile(), threading.getprofile()
         codes = {code: _label(name, spec) for code, name in _banned_code(saved).items()}
-        builtins = _banned_builtins(saved)
+        builtins = {**_banned_builtins(saved), **operators}
         files = _forbidden_files(spec)
         # a blocked function refuses in any thread, however reached: the named ones, and every Python function
         # whose code lives in a forbidden file (what the hook refuses in the threads it sees)
@@ -119,6 +124,25 @@ def unavailable(spec: attention_core.booktools.code_checks.FunctionSpec,
                 owner[attr] = obj
             else:
                 setattr(owner, attr, obj)
+
+
+def _operator_functions(path: str, obj: Any) -> dict[int, str]:
+    """For a torch operator (``torch.ops.aten.X``, an ``OpOverloadPacket``, or one overload of it such as
+    ``torch.ops.aten.X.default``): the C functions its calls reach, by identity, each with the name the reader
+    used (``torch.ops.aten.X`` or ``torch.ops.aten.X.default``); empty for anything else. The operator itself is
+    left in place, so that ``torch.ops.aten.X.default`` is refused with this message rather than failing as an
+    attribute of a plain function, and an alias of it or of an overload taken before the check is refused too."""
+    ops = getattr(sys.modules.get("torch"), "_ops", None)
+    if ops is None:
+        return {}
+    if isinstance(obj, ops.OpOverload):
+        return {id(obj._op): path}
+    if not isinstance(obj, ops.OpOverloadPacket):
+        return {}
+    found = {id(obj._op): path}
+    for overload in obj.overloads():
+        found[id(getattr(obj, overload)._op)] = f"{path}.{overload}"
+    return found
 
 
 def _label(name: str, spec: Any) -> str:
