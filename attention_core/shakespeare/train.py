@@ -61,7 +61,22 @@ CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
 @dataclass(frozen=True)
-class LMRecipe(TrainRecipe):
+class _CharLMTraining(TrainRecipe):
+    """The training every character model of this wing shares (:class:`LMRecipe` and
+    :class:`~attention_core.shakespeare.hybrid.HybridRecipe`): AdamW with betas (0.9, 0.99) and weight decay 0.1
+    on the matrices, gradient norm clipped at 1, the learning rate decayed to a tenth of its peak."""
+
+    _: KW_ONLY
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    clip: Optional[float] = 1.0
+
+    OPTIMIZER: ClassVar[str] = "adamw"
+    BETAS: ClassVar[Tuple[float, float]] = (0.9, 0.99)
+
+
+@dataclass(frozen=True)
+class LMRecipe(_CharLMTraining):
     """How the Shakespeare model is built and trained (the training fields are those of
     :class:`~attention_core.training.loop.TrainRecipe`; AdamW with betas (0.9, 0.99)).
 
@@ -90,12 +105,6 @@ class LMRecipe(TrainRecipe):
     batch_size: int = 32
     lr: float = 2e-3
     warmup: int = 100
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    clip: Optional[float] = 1.0
-
-    OPTIMIZER: ClassVar[str] = "adamw"
-    BETAS: ClassVar[Tuple[float, float]] = (0.9, 0.99)
 
     def config(self, vocab_size: int) -> Dict[str, Any]:
         """The config dict of :func:`~attention_core.models.language_model.build_language_model`."""

@@ -62,7 +62,13 @@ COMPARISON_FILE = "comparison.json"
 class _VisionRecipe(TrainRecipe):
     """The training the vision recipes share: AdamW (weight decay on the matrices), learning rate warmed up over
     ``warmup`` steps, then a half cosine over ``steps - warmup`` steps towards zero (the last step is one short of
-    it; ``min_lr_ratio`` must stay 0)."""
+    it; ``min_lr_ratio`` must stay 0). Both recipes draw batches of 64 and warm up over 100 steps, with weight
+    decay 0.05."""
+
+    _: KW_ONLY
+    batch_size: int = 64
+    warmup: int = 100
+    weight_decay: float = 0.05
 
     OPTIMIZER: ClassVar[str] = "adamw"
 
@@ -92,10 +98,7 @@ class ViTRecipe(_VisionRecipe):
     train_size: int = 1437
     _: KW_ONLY
     steps: int = 800
-    batch_size: int = 64
     lr: float = 3e-3
-    warmup: int = 100
-    weight_decay: float = 0.05
     data_seed: int = 0
 
     def config(self) -> Dict[str, Any]:
@@ -121,10 +124,7 @@ class CaptionRecipe(_VisionRecipe):
     train_images: int = 8000
     _: KW_ONLY
     steps: int = 1000
-    batch_size: int = 64
     lr: float = 2e-3
-    warmup: int = 100
-    weight_decay: float = 0.05
 
     def config(self) -> Dict[str, Any]:
         """The config dict of :func:`~attention_core.models.captioner.build_captioner`."""
