@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, Callable, ClassVar, Optional, Tuple
+from typing import Any, Callable, ClassVar, Mapping, Optional, Tuple, Type, TypeVar, Union
 
 import torch
 from torch import nn
@@ -33,7 +33,7 @@ from attention_core.training.modes import train_mode
 from attention_core.training.progress import progress
 from attention_core.training.schedules import cosine_lr
 
-__all__ = ["TrainRecipe", "fit", "make_optimizer"]
+__all__ = ["TrainRecipe", "fit", "make_optimizer", "recipe_named"]
 
 @dataclass(frozen=True)
 class TrainRecipe:
@@ -70,6 +70,22 @@ class TrainRecipe:
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """The optimiser of this recipe for ``model``'s parameters (:func:`make_optimizer`)."""
         return make_optimizer(model, self.OPTIMIZER, self.lr, self.weight_decay, self.BETAS)
+
+
+R = TypeVar("R", bound=TrainRecipe)
+
+
+def recipe_named(name: Union[str, R], recipes: Mapping[str, R], kind: Type[R]) -> R:
+    """A wing's recipe by name: ``name`` itself when it is already a ``kind`` recipe, else ``recipes[name]``.
+
+    Raises:
+        ValueError: ``name`` is not a key of ``recipes`` (the message lists the keys).
+    """
+    if isinstance(name, kind):
+        return name
+    if name not in recipes:
+        raise ValueError(f"name must be one of {sorted(recipes)}, got {name!r}")
+    return recipes[name]
 
 
 def make_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float = 0.0,
