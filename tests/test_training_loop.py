@@ -242,3 +242,39 @@ def test_train_and_record_saves_each_model_with_its_measures_on_one_thread(tmp_p
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[1].startswith("two: 34 parameters, ")
     assert ", test accuracy 0.5, sha256 " in lines[0]
+
+
+def test_a_wing_gives_training_defaults_as_class_keywords_and_they_stay_keyword_only():
+    @dataclasses.dataclass(frozen=True)
+    class Mine(TrainRecipe, steps=40, lr=2e-3, clip=0.5):
+        width: int = 8
+
+    r = Mine("m", 16)
+    assert (r.width, r.steps, r.lr, r.clip, r.batch_size) == (16, 40, 2e-3, 0.5, 1)
+    by_name = {f.name: f for f in dataclasses.fields(Mine)}
+    assert [f.name for f in dataclasses.fields(Mine)][:3] == ["name", "steps", "batch_size"]  # TrainRecipe's order
+    assert by_name["steps"].kw_only and by_name["clip"].type == "Optional[float]" and not by_name["width"].kw_only
+    assert Mine("m", steps=3).steps == 3
+    with pytest.raises(TypeError):
+        Mine("m", 16, 99)  # steps is not positional
+
+    @dataclasses.dataclass(frozen=True)
+    class Child(Mine):  # no keywords: the parent's defaults hold
+        depth: int = 2
+
+    assert Child("c").steps == 40 and Child("c").lr == 2e-3
+
+
+@pytest.mark.parametrize("body", ["unknown", "declared", "positional"])
+def test_a_class_keyword_that_is_not_a_training_field_is_refused(body):
+    refused = r"class keywords must be training fields of TrainRecipe .*got \['(lerning_rate|steps|name)'\]"
+    with pytest.raises(TypeError, match=refused):
+        if body == "unknown":
+            class Typo(TrainRecipe, lerning_rate=1e-3):
+                pass
+        elif body == "declared":
+            class Twice(TrainRecipe, steps=3):
+                steps: int = 4
+        else:
+            class Name(TrainRecipe, name="n"):
+                pass

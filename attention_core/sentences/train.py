@@ -14,7 +14,7 @@ Command line (one CPU thread, a few seconds per model)::
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -35,18 +35,13 @@ CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
 @dataclass(frozen=True)
-class ClassifierRecipe(TrainRecipe):
+class ClassifierRecipe(TrainRecipe, steps=400, batch_size=64, lr=3e-3, min_lr_ratio=0.1):
     """How one classifier is built and trained: ``model`` holds :func:`build_classifier`'s settings (besides
     ``vocab_size``); Adam for ``steps`` steps on fresh batches of ``batch_size`` from ``stream(batch_size,
     data_seed)``, learning rate on a cosine from ``lr`` to ``min_lr_ratio * lr``, no warm-up, no clipping,
     parameters from ``seed`` (the fields of :class:`~attention_core.training.loop.TrainRecipe`)."""
 
     model: Dict[str, Any] = field(default_factory=dict)
-    _: KW_ONLY
-    steps: int = 400
-    batch_size: int = 64
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
 
     def config(self) -> Dict[str, Any]:
         return {**self.model, "vocab_size": len(VOCAB), "seed": self.seed}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -45,7 +45,7 @@ SEED_STUDY_FILE = CHECKPOINT_DIR / "hybrid_seeds.json"
 
 
 @dataclass(frozen=True)
-class HybridRecipe(_CharLMTraining):
+class HybridRecipe(_CharLMTraining, steps=400, batch_size=16, lr=3e-3, warmup=30):
     """A :class:`~attention_core.models.hybrid_lm.HybridLM` whose layers are ``layers`` joined by ``+``, of width
     ``d_model`` with ``num_heads`` heads, trained for ``steps`` AdamW steps (betas 0.9, 0.99) on ``batch_size``
     random crops of ``context`` characters (``data_seed``), learning rate warmed up over ``warmup`` steps to
@@ -59,11 +59,6 @@ class HybridRecipe(_CharLMTraining):
     num_heads: int = 4
     context: int = 128
     window: int = 16
-    _: KW_ONLY
-    steps: int = 400
-    batch_size: int = 16
-    lr: float = 3e-3
-    warmup: int = 30
 
     def config(self, vocab_size: int) -> Dict[str, Any]:
         """The config dict of :func:`~attention_core.models.hybrid_lm.build_hybrid_lm`."""

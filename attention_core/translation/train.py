@@ -17,7 +17,7 @@ One path for every model of chapters 3, 4 and 8:
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -117,7 +117,7 @@ def build_model(config: Dict[str, Any]) -> EncoderDecoder:
 
 
 @dataclass(frozen=True)
-class Recipe(TrainRecipe):
+class Recipe(TrainRecipe, steps=600, batch_size=64, lr=5e-3, min_lr_ratio=0.05, clip=1.0):
     """How one of the book's translation models is built and trained.
 
     ``model`` holds the model's settings (``kind``: ``"plain"``, ``"bahdanau"``, ``"luong"`` or
@@ -131,12 +131,6 @@ class Recipe(TrainRecipe):
     """
 
     model: Dict[str, Any] = field(default_factory=dict)
-    _: KW_ONLY
-    steps: int = 600
-    batch_size: int = 64
-    lr: float = 5e-3
-    min_lr_ratio: float = 0.05
-    clip: Optional[float] = 1.0
 
     @property
     def kind(self) -> str:
