@@ -25,6 +25,7 @@ the ``reference`` backend use. :func:`attention_core.flex_attention.create_block
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 
 import torch
@@ -118,32 +119,30 @@ def noop_score(score, b, h, q_idx, kv_idx):
 
 def and_masks(*mask_mods: MaskMod) -> MaskMod:
     """A pair takes part when **every** mod lets it (no mods: every pair). PyTorch's ``and_masks``."""
-    if not all(callable(m) for m in mask_mods):
-        raise TypeError(f"and_masks takes mask_mod callables, got {[type(m).__name__ for m in mask_mods]}")
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        keep = q_idx.new_ones((), dtype=torch.bool)
-        for m in mask_mods:
-            keep = keep & m(b, h, q_idx, kv_idx)
-        return keep
-
-    return _named(mask_mod, "and_masks(" + ", ".join(getattr(m, "__name__", "mod") for m in mask_mods) + ")",
-                  ("and", *(getattr(m, "flex_kind", None) for m in mask_mods)), _captures_of(*mask_mods))
+    return _joined("and", mask_mods)
 
 
 def or_masks(*mask_mods: MaskMod) -> MaskMod:
     """A pair takes part when **any** mod lets it (no mods: no pair). PyTorch's ``or_masks``."""
+    return _joined("or", mask_mods)
+
+
+def _joined(kind: str, mask_mods: tuple[MaskMod, ...]) -> MaskMod:
+    """``and_masks`` (``kind="and"``) or ``or_masks`` (``"or"``) of ``mask_mods``, named and with their flex kinds
+    and captured tensors, as :func:`_named` records them."""
     if not all(callable(m) for m in mask_mods):
-        raise TypeError(f"or_masks takes mask_mod callables, got {[type(m).__name__ for m in mask_mods]}")
+        raise TypeError(f"{kind}_masks takes mask_mod callables, got {[type(m).__name__ for m in mask_mods]}")
+    every = kind == "and"
+    join = operator.and_ if every else operator.or_  # keep & answer, or keep | answer
 
     def mask_mod(b, h, q_idx, kv_idx):
-        keep = q_idx.new_zeros((), dtype=torch.bool)
+        keep = q_idx.new_ones((), dtype=torch.bool) if every else q_idx.new_zeros((), dtype=torch.bool)
         for m in mask_mods:
-            keep = keep | m(b, h, q_idx, kv_idx)
+            keep = join(keep, m(b, h, q_idx, kv_idx))
         return keep
 
-    return _named(mask_mod, "or_masks(" + ", ".join(getattr(m, "__name__", "mod") for m in mask_mods) + ")",
-                  ("or", *(getattr(m, "flex_kind", None) for m in mask_mods)), _captures_of(*mask_mods))
+    return _named(mask_mod, f"{kind}_masks(" + ", ".join(getattr(m, "__name__", "mod") for m in mask_mods) + ")",
+                  (kind, *(getattr(m, "flex_kind", None) for m in mask_mods)), _captures_of(*mask_mods))
 
 
 # ------------------------------------------------------------------------------------------- mask mods

@@ -1,6 +1,6 @@
 """What a benchmark says about the machine it ran on: CPU model and vendor, ISA, caches, BLAS (STYLE §5 asks for
 CPU, ISA and BLAS beside every CPU figure). Every benchmark imports these, so the description is the same in all
-of them."""
+of them; so is the title line of every figure (:func:`machine_line`, :func:`save_figure`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Dict, List
 
 import torch
 
-__all__ = ["blas", "cache_sizes", "cpu_isa", "cpu_model", "cpu_vendor", "describe"]
+__all__ = ["blas", "cache_sizes", "cpu_isa", "cpu_model", "cpu_vendor", "describe", "machine_line", "save_figure"]
 
 
 def _cpuinfo(key: str) -> str:
@@ -64,3 +64,18 @@ def describe(device: str = "cpu") -> str:
         return torch.cuda.get_device_name()
     return (f"{cpu_model()} ({os.cpu_count()} logical CPUs, ATen {torch.backends.cpu.get_cpu_capability()}, "
             f"BLAS {blas()})")
+
+
+def machine_line(machine: Dict) -> str:
+    """``"<CPU model> | ATen <capability> | torch <version>"`` from a result's recorded ``machine`` entry."""
+    return f"{machine['cpu_model']} | ATen {machine['aten_cpu_capability']} | torch {machine['torch']}"
+
+
+def save_figure(fig, path, title: str, fontsize: int = 9) -> None:
+    """Give ``fig`` its title line, lay it out, write it to ``path`` (PNG, 110 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

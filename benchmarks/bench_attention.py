@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _machine import describe  # noqa: E402
+from _machine import describe, save_figure  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CPU_PROVIDERS = ["naive", "chunked", "torch"]
@@ -375,10 +375,7 @@ def plot(results: List[Config], path: Path, title: str) -> None:
         for ax in axes[row]:
             ax.grid(True, which="both", alpha=0.3)
         axes[row, 0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title, fontsize=10)
 
 
 def main() -> None:

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _machine import blas, cache_sizes, cpu_isa, cpu_model, cpu_vendor  # noqa: E402
+from _machine import blas, cache_sizes, cpu_isa, cpu_model, cpu_vendor, machine_line, save_figure  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET = 0.9  # the issue's target (issue 44; 0.85 before it): chunked at least 0.9x the speed of torch SDPA
@@ -194,12 +194,8 @@ def plot(points: List[dict], meta: dict, path: Path) -> None:
         ax.xaxis.set_minor_locator(plt.NullLocator())
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{meta['machine']['cpu_model']} | ATen {meta['machine']['aten_cpu_capability']} | "
-                 f"torch {meta['machine']['torch']} | fp32 B=1 H=8 E=64 | {meta['date'][:10]} | load average "
-                 f"{meta['loadavg_start'][0]:.1f} -> {meta['loadavg_end'][0]:.1f}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, f"{machine_line(meta['machine'])} | fp32 B=1 H=8 E=64 | {meta['date'][:10]} | load "
+                f"average {meta['loadavg_start'][0]:.1f} -> {meta['loadavg_end'][0]:.1f}")
 
 
 def memory_check(L: int) -> dict:

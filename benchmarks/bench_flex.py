@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _machine import machine_line, save_figure  # noqa: E402
 from bench_chunked_cpu import git_revision, interleaved, machine  # noqa: E402
 
 import attention_core.mask_mods as mm  # noqa: E402
@@ -295,13 +296,8 @@ def plot(result: dict, path: Path) -> None:
            title="time against non-empty tiles")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    m = meta["machine"]
-    fig.suptitle(f"{m['cpu_model']} | ATen {m['aten_cpu_capability']} | torch {m['torch']} | fp32 B={B} H={H} "
-                 f"E={E}, 1 thread | {meta['date'][:10]} | shared machine, load average "
-                 f"{meta['loadavg_start'][0]:.1f}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, f"{machine_line(meta['machine'])} | fp32 B={B} H={H} E={E}, 1 thread | "
+                f"{meta['date'][:10]} | shared machine, load average {meta['loadavg_start'][0]:.1f}")
 
 
 def main() -> None:

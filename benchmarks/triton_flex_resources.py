@@ -18,17 +18,13 @@ tensor-core instructions.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import hashlib
 import inspect
-import io
 import json
 import multiprocessing
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -80,12 +76,9 @@ def compile_job(job: dict) -> dict:
     os.environ.pop("TRITON_INTERPRET", None)
     import torch
     import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from attention_core.backends import triton_flex as tf
-    from attention_core.backends.triton_inspect import _REGS_RE, _SPILL_RE, _TC_RE, _signature, _tool
+    from attention_core.backends.triton_inspect import compile_resources
 
     L = S = job["L"]
     nQ, nK = -(-L // job["BLOCK_M"]), -(-S // job["BLOCK_N"])
@@ -102,36 +95,11 @@ def compile_job(job: dict) -> dict:
 
     fn = {"fwd": tf._flex_fwd, "bwd_dq": tb._flex_bwd_dq, "bwd_dkdv": tb._flex_bwd_dkdv}[job["kernel"]]
     values = {name: values[name] for name in fn.arg_names}
-    signature, constexprs, attrs = _signature(fn, values)
     warps, stages = tf.num_warps_for(getattr(torch, job["dtype"]), job["E"], job["BLOCK_M"], job["BLOCK_N"]), 2
     if job["kernel"] != "fwd":
         warps, stages = tb.launch_config(getattr(torch, job["dtype"]), job["E"])
-    log = io.StringIO()
-    with tempfile.TemporaryDirectory() as tmp:
-        with knobs.cache.scope(), knobs.compilation.scope(), knobs.nvidia.scope():
-            knobs.cache.dir = tmp
-            knobs.compilation.always_compile = True
-            knobs.nvidia.dump_ptxas_log = True
-            start = time.perf_counter()
-            with contextlib.redirect_stdout(log):
-                compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                                          target=GPUTarget("cuda", job["arch"], 32),
-                                          options={"num_warps": warps, "num_stages": stages})
-            seconds = time.perf_counter() - start
-        cubin = os.path.join(tmp, "kernel.cubin")
-        with open(cubin, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True,
-                              check=True).stdout
-    text = log.getvalue()
-    regs, spill = _REGS_RE.search(text), _SPILL_RE.search(text)
-    counts = {"HGMMA": 0, "HMMA": 0}
-    for match in _TC_RE.finditer(sass):
-        counts[match.group(1)] += 1
-    return {**job, "num_warps": warps, "num_stages": stages, "registers": int(regs.group(1)),
-            "stack_bytes": int(spill.group(1)), "spill_stores": int(spill.group(2)),
-            "spill_loads": int(spill.group(3)), "shared_bytes": int(compiled.metadata.shared),
-            "hgmma": counts["HGMMA"], "hmma": counts["HMMA"], "compile_s": round(seconds, 2)}
+    found = compile_resources(fn, values, arch=job["arch"], num_warps=warps, num_stages=stages)
+    return {**job, "num_warps": warps, "num_stages": stages, **found}
 
 
 def main(argv=None) -> None:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import time
+from functools import partial
 
 import torch
 
 from attention_core.translation import metrics, train
+from attention_core.translation.studies import RecordedRuns
 
 OUT = train.CHECKPOINT_DIR / "luong_seeds.json"
 #: (label, recipe name, window D or None for the recipe's own)
@@ -54,17 +54,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     val, test = metrics.book_validation_set(), metrics.book_test_set()
-    runs = json.loads(OUT.read_text())["runs"] if OUT.exists() else []
-    done = {(r["label"], r["seed"]) for r in runs}
+    study = RecordedRuns(OUT, {"about": __doc__.splitlines()[0]})
     for seed in args.seeds:  # seed-major: the variants' runs interleave in time
         for label, name, window in CONFIGS:
-            if (label, seed) in done or (args.only and label not in args.only):
+            if args.only and label not in args.only:
                 continue
-            start = time.time()
-            runs.append(run_one(label, name, window, seed, val, test))
-            OUT.write_text(json.dumps({"about": __doc__.splitlines()[0], "runs": runs}, indent=1) + "\n")
-            print(f"{label} seed {seed}: val {runs[-1]['val_exact']:.3f} test {runs[-1]['test_exact']:.3f} "
-                  f"({time.time() - start:.0f} s)", flush=True)
+            study.ensure({"label": label, "seed": seed}, partial(run_one, label, name, window, seed, val, test),
+                         lambda r: f"{r['label']} seed {r['seed']}: val {r['val_exact']:.3f} test "
+                                   f"{r['test_exact']:.3f}")
 
 
 if __name__ == "__main__":

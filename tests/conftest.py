@@ -1,4 +1,5 @@
-"""Shared pytest setup: the Hypothesis profiles of the fuzz tests (tests/test_fuzz.py).
+"""Shared pytest setup: the Hypothesis profiles of the fuzz tests (tests/test_fuzz.py), and the fixtures several
+test files share (``corpus``).
 
 Two profiles, chosen with ``pytest --fuzz-profile=NAME`` or the environment variable ``AC_FUZZ_PROFILE``:
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -37,3 +39,11 @@ def pytest_configure(config):
     chosen = config.getoption("--fuzz-profile")
     if chosen:  # read by tests/test_fuzz.py at import, in every xdist worker (each runs this hook)
         os.environ["AC_FUZZ_PROFILE"] = chosen
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    """The tiny-Shakespeare corpus of the language-model chapters (split, encoded), read once per session."""
+    from attention_core.shakespeare.data import load_corpus
+
+    return load_corpus()

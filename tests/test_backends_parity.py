@@ -169,3 +169,21 @@ def test_fully_masked_everywhere_gives_zeros(backend, dtype):
     for mask in (torch.zeros(4, 4, dtype=torch.bool), torch.full((4, 4), float("-inf"), dtype=dtype)):
         out = ac.scaled_dot_product_attention(q, k, v, attn_mask=mask, backend=backend)
         assert (out == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_reference_computes_half_inputs_in_float32_and_answers_in_their_dtype(dtype):
+    """Weights in float32 for 16-bit inputs (as torch's math path), multiplied by the values in float32; the
+    weights and the output come back in the inputs' dtype."""
+    from attention_core.backends import reference as ref
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g).mul(3).to(dtype) for _ in range(3))
+    in_float32 = ref.attention_weights(q.float(), k.float(), None, True, 0.35, False)
+    w_compute = ref.attention_weights(q, k, None, True, 0.35, False, in_compute_dtype=True)
+    assert w_compute.dtype == torch.float32 and torch.equal(w_compute, in_float32)
+    w = ref.attention_weights(q, k, None, True, 0.35, False)
+    assert w.dtype == dtype and torch.equal(w, in_float32.to(dtype))
+    out, weights = ref.attention_with_weights(q, k, v, None, 0.0, True, 0.35, False)
+    assert out.dtype == weights.dtype == dtype and torch.equal(weights, w)
+    assert torch.equal(out, (in_float32 @ v.float()).to(dtype))

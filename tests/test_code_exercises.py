@@ -37,6 +37,7 @@ from attention_core.booktools import (  # noqa: E402
     code_checks,
     exercises,
     exercises_at_scale,
+    exercises_bahdanau,
     exercises_beyond_dense,
     exercises_decoder_lm,
     exercises_explanation,
@@ -53,7 +54,7 @@ from attention_core.functional import masked_softmax as lib_masked_softmax  # no
 from attention_core.models import language_model as lm  # noqa: E402
 from attention_core.models import rnn_attention as ra  # noqa: E402
 from attention_core.models import vit  # noqa: E402
-from attention_core.models.rnn_attention import AdditiveAttention, local_attention_weights  # noqa: E402
+from attention_core.models.rnn_attention import local_attention_weights  # noqa: E402
 from attention_core.positional import apply_rotary  # noqa: E402
 from attention_core.serving import speculative  # noqa: E402
 
@@ -174,15 +175,6 @@ CH03 = [
     ("weights not transposed", lambda s, h, m, W, U, v: torch.softmax(
         (torch.tanh((s @ W)[:, None] + h @ U) @ v).masked_fill(~m, NEG_INF), -1)),
 ]
-
-
-def _ch03_library(s_prev, h, mask, W_a, U_a, v_a):
-    layer = AdditiveAttention(W_a.shape[1], U_a.shape[1], W_a.shape[0])
-    with torch.no_grad():
-        layer.score.W_q.weight.copy_(W_a)
-        layer.score.W_k.weight.copy_(U_a)
-        layer.score.v.weight.copy_(v_a[None])
-        return layer(s_prev, h, attn_mask=mask)[1]
 
 
 def _ch04_wrong_axis(scores, center, D):
@@ -500,7 +492,7 @@ EXTRA = {
         lambda q, k, v, h: _LIBRARY_IN_A_DICT["nw"](q, k, v, kernel="boxcar", bandwidth=h),
         lambda q, k, v, h: _NW_COPY(q, k, v, kernel="boxcar", bandwidth=h)]),
     "ch02.masked_softmax": (CH02, CH02_LIBRARY),
-    "ch03.bahdanau_weights": (CH03, _ch03_library),
+    "ch03.bahdanau_weights": (CH03, lambda *a: exercises_bahdanau._bahdanau_reference(*a)),  # AdditiveAttention
     "ch04.local_p_weights": (CH04, [
         CH04_LIBRARY,
         lambda s, c, D: _LIBRARY_IN_A_DICT["lw"](s, c, D, gaussian=True),

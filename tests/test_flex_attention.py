@@ -329,6 +329,16 @@ def test_random_compositions_equal_the_reference(case):
     assert torch.isfinite(out).all() and all(torch.isfinite(x).all() for x in out_g)
 
 
+@pytest.mark.parametrize("kind", ["and", "or"])
+def test_and_or_refuse_a_non_callable_and_name_what_they_join(kind):
+    join = getattr(mm, f"{kind}_masks")
+    with pytest.raises(TypeError, match=rf"{kind}_masks takes mask_mod callables, got \['function', 'int'\]"):
+        join(mm.causal, 3)
+    joined = join(mm.causal, mm.noop_mask)
+    assert joined.__name__ == f"{kind}_masks(causal, noop_mask)"
+    assert joined.flex_kind == (kind, ("causal",), ("noop",))
+
+
 def test_and_or_of_nothing():
     q_idx, kv_idx = torch.arange(3)[:, None], torch.arange(3)[None, :]
     assert mm.and_masks()(0, 0, q_idx, kv_idx).all()

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from _raises import raises_as_listed
 
 import attention_core as ac
 from attention_core import masks, positional, scoring
@@ -213,9 +214,7 @@ RAISES = {
 
 @pytest.mark.parametrize("name", list(RAISES))
 def test_raises_naming_the_argument(name):
-    call, exc, pattern = RAISES[name]
-    with pytest.raises(exc, match=pattern):
-        call()
+    raises_as_listed(RAISES[name])
 
 
 # ------------------------------------------------------------------------------------ answers, not errors

@@ -17,7 +17,7 @@ from attention_core.models.long_context import (
     recent_and_spread_mask,
 )
 from attention_core.shakespeare import heads
-from attention_core.shakespeare.data import CharVocab, load_corpus, random_batch, repeat_random_tokens
+from attention_core.shakespeare.data import CharVocab, random_batch, repeat_random_tokens
 from attention_core.shakespeare.train import (
     INDUCTION_CURRICULUM,
     INDUCTION_PLAIN,
@@ -28,11 +28,6 @@ from attention_core.shakespeare.train import (
     probe_sequences,
     train_language_model,
 )
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus()
 
 
 def _tiny(vocab_size: int = 11, kv: int = 2, seed: int = 0):

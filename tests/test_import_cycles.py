@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -154,34 +156,33 @@ def _package(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
     return import_graph(tmp_path, "pkg")
 
 
-def test_the_walk_sees_a_circle_hidden_in_a_function(tmp_path: Path) -> None:
-    graph = _package(tmp_path, {
+# (files of a toy package "pkg", one module and the imports the walk must find in it, the circles it must find)
+WALKS = {
+    "a circle hidden in a function": ({
         "__init__.py": "",
         "front.py": "from pkg.sub.back import run\n",
         "sub/__init__.py": "",
         "sub/back.py": "def run():\n    from pkg.front import SIZE\n    return SIZE\n",
         "leaf.py": "import torch\n",
-    })
-    assert circles(graph) == [["pkg.front", "pkg.sub.back", "pkg.front"]]
-
-
-def test_the_walk_sees_relative_imports_package_inits_and_import_module(tmp_path: Path) -> None:
-    graph = _package(tmp_path, {
+    }, ("pkg.sub.back", {"pkg.front"}), [["pkg.front", "pkg.sub.back", "pkg.front"]]),
+    "relative imports, package inits and import_module": ({
         "__init__.py": "",
         "a.py": "from .sub import b\n",
         "sub/__init__.py": "import importlib\n\ndef f():\n    return importlib.import_module('pkg.a')\n",
         "sub/b.py": "X = 1\n",
-    })
-    assert graph["pkg.a"] == {"pkg.sub", "pkg.sub.b"}
-    assert circles(graph) == [["pkg.a", "pkg.sub", "pkg.a"]]
-
-
-def test_an_acyclic_package_has_no_circle(tmp_path: Path) -> None:
-    graph = _package(tmp_path, {
+    }, ("pkg.a", {"pkg.sub", "pkg.sub.b"}), [["pkg.a", "pkg.sub", "pkg.a"]]),
+    "an acyclic package": ({
         "__init__.py": "from pkg.front import run\n",
         "front.py": "from pkg.rooms.back import run\nfrom pkg.rooms import SIZE\n",
         "rooms/__init__.py": "SIZE = 128\n",
         "rooms/back.py": "def run():\n    from pkg.rooms import SIZE\n    return SIZE\n",
-    })
-    assert graph["pkg.front"] == {"pkg.rooms", "pkg.rooms.back"}
-    assert circles(graph) == []
+    }, ("pkg.front", {"pkg.rooms", "pkg.rooms.back"}), []),
+}
+
+
+@pytest.mark.parametrize("case", list(WALKS))
+def test_the_walk_finds_every_import_and_circle_of_a_toy_package(tmp_path: Path, case: str) -> None:
+    files, (module, imports), expected = WALKS[case]
+    graph = _package(tmp_path, files)
+    assert graph[module] == imports
+    assert circles(graph) == expected

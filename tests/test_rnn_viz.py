@@ -55,3 +55,18 @@ def test_plots_draw_what_they_are_given() -> None:
         plot_by_bucket(res, "bleu")
     ax = plot_loss_curves({"a": {"loss_every": 25, "losses": [2.0, 1.0, 0.5]}})
     assert list(ax.lines[0].get_xdata()) == [25, 50, 75]
+
+
+def test_bandwidth_explorer_lays_out_its_controls_and_follows_both() -> None:
+    """Chapter 1's explorer: the kernel menu and the bandwidth slider over the summary line and the figure."""
+    from attention_core.booktools.widgets import BandwidthExplorer
+
+    x = torch.linspace(0, 5, 20, dtype=torch.float64)
+    ex = BandwidthExplorer(x, torch.sin(x), x[::2] + 0.1, torch.sin(x[::2] + 0.1), static_bandwidths=None)
+    row, summary, image = ex.children
+    assert list(row.children) == [ex.kernel, ex.slider] and summary is ex.summary and image is ex.image
+    assert ex.summary.value.startswith("gaussian kernel, h = 0.300:") and ex.image.value[:4] == b"\x89PNG"
+    ex.slider.value = 1.0
+    assert ex.summary.value.startswith("gaussian kernel, h = 1.000:")
+    ex.kernel.value = "boxcar"
+    assert ex.summary.value.startswith("boxcar kernel, h = 1.000:")

@@ -16,7 +16,6 @@ from attention_core.shakespeare.data import (
     TEXT_FILE,
     CharVocab,
     bigram_loss,
-    load_corpus,
     load_text,
     ngram_loss,
     random_batch,
@@ -31,11 +30,6 @@ from attention_core.shakespeare.train import (
     train_language_model,
 )
 from attention_core.training.checkpoint import read_manifest
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus()
 
 
 def test_the_shipped_text_is_verified_and_complete(corpus) -> None:

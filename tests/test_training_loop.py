@@ -196,3 +196,85 @@ def test_every_manifest_records_the_recipe_the_library_has():
             assert entry["recipe"] == dataclasses.asdict(known[name]), (manifest, name)
             seen += 1
     assert seen >= 25
+
+
+def test_recipe_named_takes_a_recipe_or_a_known_name_and_lists_the_names_otherwise():
+    from attention_core.training.loop import recipe_named
+
+    a, b = TrainRecipe("a"), TrainRecipe("b", steps=2)
+    recipes = {"a": a, "b": b}
+    assert recipe_named("b", recipes, TrainRecipe) is b
+    other = TrainRecipe("c")
+    assert recipe_named(other, recipes, TrainRecipe) is other  # a recipe passes through, known or not
+    with pytest.raises(ValueError, match=r"name must be one of \['a', 'b'\], got 'c'"):
+        recipe_named("c", recipes, TrainRecipe)
+
+
+def test_train_and_record_saves_each_model_with_its_measures_on_one_thread(tmp_path, capsys, monkeypatch):
+    from attention_core.training.checkpoint import file_sha256, read_manifest
+    from attention_core.training.cli import train_and_record
+
+    class Tiny(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.net = _tiny(config["seed"])
+
+        def forward(self, x):
+            return self.net(x)
+
+    def train(recipe):
+        model = Tiny({"seed": recipe.seed})
+        x, y = _data()
+        return model, fit(model, recipe, lambda step: (x, y), lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                          show_progress=False)
+
+    threads = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    recipes = [TrainRecipe("one", steps=3), TrainRecipe("two", steps=2, seed=1)]
+    entries = train_and_record(recipes, tmp_path, train, lambda m: {"test_accuracy": 0.5})
+    assert threads == [1]
+    manifest = read_manifest(tmp_path)
+    assert sorted(manifest) == ["one", "two"] and [manifest["one"], manifest["two"]] == entries
+    for r, e in zip(recipes, entries):
+        assert e["sha256"] == file_sha256(tmp_path / f"{r.name}.pt") and e["recipe"] == dataclasses.asdict(r)
+        assert e["test_accuracy"] == 0.5 and len(e["losses"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("two: 34 parameters, ")
+    assert ", test accuracy 0.5, sha256 " in lines[0]
+
+
+def test_a_wing_gives_training_defaults_as_class_keywords_and_they_stay_keyword_only():
+    @dataclasses.dataclass(frozen=True)
+    class Mine(TrainRecipe, steps=40, lr=2e-3, clip=0.5):
+        width: int = 8
+
+    r = Mine("m", 16)
+    assert (r.width, r.steps, r.lr, r.clip, r.batch_size) == (16, 40, 2e-3, 0.5, 1)
+    by_name = {f.name: f for f in dataclasses.fields(Mine)}
+    assert [f.name for f in dataclasses.fields(Mine)][:3] == ["name", "steps", "batch_size"]  # TrainRecipe's order
+    assert by_name["steps"].kw_only and by_name["clip"].type == "Optional[float]" and not by_name["width"].kw_only
+    assert Mine("m", steps=3).steps == 3
+    with pytest.raises(TypeError):
+        Mine("m", 16, 99)  # steps is not positional
+
+    @dataclasses.dataclass(frozen=True)
+    class Child(Mine):  # no keywords: the parent's defaults hold
+        depth: int = 2
+
+    assert Child("c").steps == 40 and Child("c").lr == 2e-3
+
+
+@pytest.mark.parametrize("body", ["unknown", "declared", "positional"])
+def test_a_class_keyword_that_is_not_a_training_field_is_refused(body):
+    refused = r"class keywords must be training fields of TrainRecipe .*got \['(lerning_rate|steps|name)'\]"
+    with pytest.raises(TypeError, match=refused):
+        if body == "unknown":
+            class Typo(TrainRecipe, lerning_rate=1e-3):
+                pass
+        elif body == "declared":
+            class Twice(TrainRecipe, steps=3):
+                steps: int = 4
+        else:
+            class Name(TrainRecipe, name="n"):
+                pass

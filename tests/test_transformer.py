@@ -157,3 +157,20 @@ def test_bad_inputs_name_the_argument() -> None:
         TransformerEncoder(3, num_layers=2)
     with pytest.raises(ValueError, match="num_layers"):
         TransformerEncoder(layer, num_layers=0)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_a_stack_from_torch_copies_the_norm_keeps_the_mode_and_refuses_another_module(kind):
+    from attention_core.models.transformer import TransformerDecoder
+
+    ours, theirs, layer = ((TransformerEncoder, nn.TransformerEncoder, nn.TransformerEncoderLayer) if kind == "encoder"
+                           else (TransformerDecoder, nn.TransformerDecoder, nn.TransformerDecoderLayer))
+    with pytest.raises(TypeError, match=f"{kind} must be a torch.nn.{theirs.__name__}, got Linear"):
+        ours.from_torch(nn.Linear(2, 2))
+    torch.manual_seed(0)
+    ref = theirs(layer(8, 2, 16, dropout=0.0, batch_first=True), num_layers=3, norm=nn.LayerNorm(8),
+                 **({"enable_nested_tensor": False} if kind == "encoder" else {}))
+    for training in (True, False):
+        got = ours.from_torch(ref.train(training))
+        assert got.training == training and got.num_layers == len(got.layers) == 3
+        assert torch.equal(got.norm.weight, ref.norm.weight) and got.norm is not ref.norm

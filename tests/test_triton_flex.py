@@ -43,53 +43,37 @@ def interp_results() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _case_names() -> list:
+def _names(table: str) -> list:
+    """The case names of ``_triton_flex_cases.CASES`` (forward) or ``GRAD_CASES`` (``grad-...``)."""
     import _triton_flex_cases
 
-    return sorted(_triton_flex_cases.CASES)
+    return sorted(getattr(_triton_flex_cases, table))
 
 
-@pytest.mark.parametrize("name", _case_names())
+@pytest.mark.parametrize("name", _names("CASES") + _names("GRAD_CASES"))
 def test_interpreter_parity(interp_results, name):
+    """The output against the float64 reference; for a ``grad-`` case out, dq, dk and dv, relative to max(1, the
+    reference's largest value)."""
     err = interp_results[name]
     assert isinstance(err, float), err
     tol = 2e-3 if "float16" in name else 1e-5  # float16: the output's own rounding (2**-11 relative)
-    assert err <= tol, f"{name}: max |triton - reference| = {err}"
+    relative = " / max(1, |reference|)" if name.startswith("grad-") else ""
+    assert err <= tol, f"{name}: max |triton - reference|{relative} = {err}"
 
 
-def _grad_case_names() -> list:
-    import _triton_flex_cases
-
-    return sorted(_triton_flex_cases.GRAD_CASES)
-
-
-@pytest.mark.parametrize("name", _grad_case_names())
-def test_interpreter_gradient_parity(interp_results, name):
-    """out, dq, dk, dv against the float64 reference, relative to max(1, the reference's largest value)."""
-    err = interp_results[name]
-    assert isinstance(err, float), err
-    tol = 2e-3 if "float16" in name else 1e-5
-    assert err <= tol, f"{name}: max |triton - reference| / max(1, |reference|) = {err}"
-
-
-def test_interpreter_covers_every_compiled_mod():
+@pytest.mark.parametrize("table,prefix", [("CASES", ""), ("GRAD_CASES", "grad-")])
+def test_the_cases_cover_every_compiled_mod(table, prefix):
     from attention_core.backends.triton_flex import MASK_KINDS, SCORE_KINDS
 
-    names = _case_names()
+    names = _names(table)
     for mask in MASK_KINDS:
-        assert any(n.startswith(f"{mask}-") for n in names), mask
+        assert any(n.startswith(f"{prefix}{mask}-") for n in names), mask
     for score in (k for k in SCORE_KINDS if k):
         assert any(f"-{score}-" in n for n in names), score
 
 
-def test_gradients_cover_every_compiled_mod():
-    from attention_core.backends.triton_flex import MASK_KINDS, SCORE_KINDS
-
-    names = _grad_case_names()
-    for mask in MASK_KINDS:
-        assert any(n.startswith(f"grad-{mask}-") for n in names), mask
-    for score in (k for k in SCORE_KINDS if k):
-        assert any(f"-{score}-" in n for n in names), score
+def test_the_gradient_cases_include_float16_and_empty_rows():
+    names = _names("GRAD_CASES")
     assert any("float16" in n for n in names) and any("empty-rows" in n for n in names)
 
 

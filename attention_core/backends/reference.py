@@ -72,9 +72,24 @@ def attention_weights(
     is_causal: bool,
     scale: float,
     enable_gqa: bool,
+    *,
+    in_compute_dtype: bool = False,
 ) -> torch.Tensor:
-    """Softmax weights (B, Hq, L, S): each row sums to 1, or is all 0 when its keys are all masked."""
-    return _weights(query, key, attn_mask, is_causal, scale, enable_gqa).to(query.dtype)
+    """Softmax weights (B, Hq, L, S): each row sums to 1, or is all 0 when its keys are all masked.
+
+    They are computed in the compute dtype, float32 for float16/bfloat16 inputs (as torch's math path does on
+    the CPU: half-precision scores lose about 2 digits), the input dtype otherwise; returned in the query's
+    dtype, or in the compute dtype with ``in_compute_dtype`` (what :func:`attention_with_weights` multiplies the
+    values by)."""
+    compute = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    query_c, key = query.to(compute), key.to(compute)
+    if attn_mask is not None and attn_mask.is_floating_point():
+        attn_mask = attn_mask.to(compute)
+    L, S = query_c.shape[-2], key.shape[-2]
+    if is_causal:
+        attn_mask = causal_mask(L, S, device=query_c.device)  # (L, S), True on and below the diagonal
+    weights = softmax_with_mask(attention_scores(query_c, key, scale, enable_gqa), attn_mask)
+    return weights if in_compute_dtype else weights.to(query.dtype)
 
 
 def attention_with_weights(
@@ -88,7 +103,7 @@ def attention_with_weights(
     enable_gqa: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output (B, Hq, L, Ev) and the weights (B, Hq, L, S) it used (before dropout)."""
-    weights = _weights(query, key, attn_mask, is_causal, scale, enable_gqa)  # compute dtype
+    weights = attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa, in_compute_dtype=True)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights  # kept weights scaled 1/(1-p)
     value_c = value.to(weights.dtype)
     if enable_gqa:
@@ -96,26 +111,6 @@ def attention_with_weights(
         value_c = value_c.repeat_interleave(group, dim=-3)  # (B, H, S, Ev) -> (B, Hq, S, Ev)
     out = dropped @ value_c  # (B, Hq, L, S) @ (B, Hq, S, Ev) -> (B, Hq, L, Ev)
     return out.to(query.dtype), weights.to(query.dtype)
-
-
-def _weights(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    scale: float,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """The weights in the compute dtype: float32 for float16/bfloat16 inputs (as torch's math path does on
-    the CPU: half-precision scores lose about 2 digits), the input dtype otherwise."""
-    compute = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
-    query, key = query.to(compute), key.to(compute)
-    if attn_mask is not None and attn_mask.is_floating_point():
-        attn_mask = attn_mask.to(compute)
-    L, S = query.shape[-2], key.shape[-2]
-    if is_causal:
-        attn_mask = causal_mask(L, S, device=query.device)  # (L, S), True on and below the diagonal
-    return softmax_with_mask(attention_scores(query, key, scale, enable_gqa), attn_mask)
 
 
 def attention(*args: object) -> torch.Tensor:

@@ -31,7 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
-__all__ = ["ARCHS", "KERNELS", "KernelResources", "candidates_fingerprint", "compile_kernel", "kernel_configs",
+__all__ = ["ARCHS", "KERNELS", "KernelResources", "candidates_fingerprint", "compile_kernel",
+           "compile_resources", "kernel_configs",
            "kernels_fingerprint", "launch_args"]
 
 #: Compute capabilities inspected: Turing (T4, Colab's free GPU), Ampere (A100), Hopper (H100).
@@ -202,30 +203,19 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_kernel(kernel: str, *, arch: int, dtype: str, E: int, causal: bool = True, BLOCK_M: int,
-                   BLOCK_N: int, num_warps: int, num_stages: int, launch: Optional[Dict[str, Any]] = None
-                   ) -> KernelResources:
-    """Compile one kernel for ``sm_<arch>`` and read its resources from ``ptxas -v`` and the SASS.
+def compile_resources(fn, values: Dict[str, Any], *, arch: int, num_warps: int, num_stages: int) -> Dict[str, Any]:
+    """Compile the ``@triton.jit`` function ``fn`` for ``sm_<arch>`` with the launch arguments ``values``
+    (specialised by :func:`_signature`) and read its resources from ``ptxas -v`` and the SASS.
 
     Compiles from scratch every time (Triton's on-disk cache is bypassed), so a number can never come from
-    an older version of the kernel.
-
-    Args:
-        kernel: ``"fwd"``, ``"preprocess"``, ``"dkdv"`` or ``"dq"`` (:data:`KERNELS`).
-        arch: compute capability as an int, e.g. 90 for sm_90.
-        dtype: ``"float16"``, ``"bfloat16"`` or ``"float32"``.
-        E: head dim (E = Ev).
-        causal: compile the causal variant (else the unmasked one).
-        BLOCK_M, BLOCK_N, num_warps, num_stages: the configuration.
-        launch: overrides for :func:`launch_args` (e.g. ``L``, ``S``, ``window``).
+    an older version of the kernel. Returns ``registers``, ``stack_bytes``, ``spill_stores``, ``spill_loads``,
+    ``shared_bytes``, ``hgmma``, ``hmma`` (tensor-core instructions in the SASS) and ``compile_s``.
     """
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = _jit_fn(kernel)
-    values = launch_args(kernel, dtype, E, causal, BLOCK_M, BLOCK_N, **(launch or {}))
     signature, constexprs, attrs = _signature(fn, values)
     log = io.StringIO()
     with tempfile.TemporaryDirectory() as tmp:
@@ -247,14 +237,32 @@ def compile_kernel(kernel: str, *, arch: int, dtype: str, E: int, causal: bool =
     text = log.getvalue()
     regs, spill = _REGS_RE.search(text), _SPILL_RE.search(text)
     if regs is None or spill is None:
-        raise RuntimeError(f"could not read the ptxas log of {kernel} for sm_{arch}:\n{text[-2000:]}")
+        raise RuntimeError(f"could not read the ptxas log of {fn.__name__} for sm_{arch}:\n{text[-2000:]}")
     counts = {"HGMMA": 0, "HMMA": 0}
     for match in _TC_RE.finditer(sass):
         counts[match.group(1)] += 1
-    return KernelResources(
-        kernel=kernel, arch=arch, dtype=dtype, E=E, causal=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        num_warps=num_warps, num_stages=num_stages, registers=int(regs.group(1)),
-        stack_bytes=int(spill.group(1)), spill_stores=int(spill.group(2)), spill_loads=int(spill.group(3)),
-        shared_bytes=int(compiled.metadata.shared), hgmma=counts["HGMMA"], hmma=counts["HMMA"],
-        compile_s=round(seconds, 2),
-    )
+    return {"registers": int(regs.group(1)), "stack_bytes": int(spill.group(1)),
+            "spill_stores": int(spill.group(2)), "spill_loads": int(spill.group(3)),
+            "shared_bytes": int(compiled.metadata.shared), "hgmma": counts["HGMMA"], "hmma": counts["HMMA"],
+            "compile_s": round(seconds, 2)}
+
+
+def compile_kernel(kernel: str, *, arch: int, dtype: str, E: int, causal: bool = True, BLOCK_M: int,
+                   BLOCK_N: int, num_warps: int, num_stages: int, launch: Optional[Dict[str, Any]] = None
+                   ) -> KernelResources:
+    """Compile one kernel of :mod:`~attention_core.backends.triton_flash` for ``sm_<arch>`` and read its
+    resources (:func:`compile_resources`).
+
+    Args:
+        kernel: ``"fwd"``, ``"preprocess"``, ``"dkdv"`` or ``"dq"`` (:data:`KERNELS`).
+        arch: compute capability as an int, e.g. 90 for sm_90.
+        dtype: ``"float16"``, ``"bfloat16"`` or ``"float32"``.
+        E: head dim (E = Ev).
+        causal: compile the causal variant (else the unmasked one).
+        BLOCK_M, BLOCK_N, num_warps, num_stages: the configuration.
+        launch: overrides for :func:`launch_args` (e.g. ``L``, ``S``, ``window``).
+    """
+    values = launch_args(kernel, dtype, E, causal, BLOCK_M, BLOCK_N, **(launch or {}))
+    found = compile_resources(_jit_fn(kernel), values, arch=arch, num_warps=num_warps, num_stages=num_stages)
+    return KernelResources(kernel=kernel, arch=arch, dtype=dtype, E=E, causal=causal, BLOCK_M=BLOCK_M,
+                           BLOCK_N=BLOCK_N, num_warps=num_warps, num_stages=num_stages, **found)

@@ -53,10 +53,23 @@ __all__ = [
 ]
 
 
+class _FigureExplorer(StaticTwin, widgets.VBox):
+    """An explorer laid out as a row of controls over a summary line and a figure: a subclass makes its controls,
+    then calls :meth:`_assemble` with them, and draws in ``redraw`` (called now and whenever a control changes)."""
+
+    def _assemble(self, *controls: widgets.Widget) -> None:
+        self.summary = widgets.Label()
+        self.image = widgets.Image(format="png")
+        super().__init__(children=[widgets.HBox(list(controls)), self.summary, self.image])
+        for control in controls:
+            control.observe(self.redraw, names="value")
+        self.redraw()
+
+
 # ------------------------------------------------------------------------------ chapter 1: kernel regression
 
 
-class BandwidthExplorer(StaticTwin, widgets.VBox):
+class BandwidthExplorer(_FigureExplorer):
     """An interactive Nadaraya-Watson fit: a bandwidth slider and a kernel menu over a live figure.
 
     The figure shows the fit (left) and the attention weights of one query over the keys (right); a text
@@ -100,12 +113,7 @@ class BandwidthExplorer(StaticTwin, widgets.VBox):
             continuous_update=False,
         )
         self.kernel = widgets.Dropdown(options=list(kernels), value=kernels[0], description="kernel")
-        self.summary = widgets.Label()
-        self.image = widgets.Image(format="png")
-        super().__init__(children=[widgets.HBox([self.kernel, self.slider]), self.summary, self.image])
-        self.slider.observe(self.redraw, names="value")
-        self.kernel.observe(self.redraw, names="value")
-        self.redraw()
+        self._assemble(self.kernel, self.slider)
 
     def figure(self, bandwidth: float, kernel: str) -> tuple[Figure, float]:
         """The explorer's figure for one setting (an off-screen ``Figure``) and the test error it shows."""
@@ -173,7 +181,7 @@ def window_weights(scores: torch.Tensor, center: float, window: int, valid_len: 
     return local_attention_weights(scores[None, None], c, window, mask, gaussian=gaussian)[0, 0]  # -> (S,)
 
 
-class WindowExplorer(StaticTwin, widgets.VBox):
+class WindowExplorer(_FigureExplorer):
     """Move Luong's local-p window over one decoding step's raw scores from a trained model.
 
     Sliders choose the half-width ``D`` and the centre ``p_t``; the figure shows the raw scores, the global
@@ -203,13 +211,8 @@ class WindowExplorer(StaticTwin, widgets.VBox):
                                         continuous_update=False)
         self.center = widgets.FloatSlider(value=center, min=0.0, max=float(S - 1), step=0.5, description="p_t",
                                           readout_format=".1f", continuous_update=False)
-        self.summary = widgets.Label()
-        self.image = widgets.Image(format="png")
-        super().__init__(children=[widgets.HBox([self.window, self.center]), self.summary, self.image])
         self._build()
-        self.window.observe(self.redraw, names="value")
-        self.center.observe(self.redraw, names="value")
-        self.redraw()
+        self._assemble(self.window, self.center)
 
     def describe(self, window: int, center: float) -> str:
         """The summary line for one setting: the kept mass and the most weighted word."""
@@ -294,7 +297,7 @@ class WindowExplorer(StaticTwin, widgets.VBox):
 # ------------------------------------------------------------------------ chapter 10: the heads of MiniLM
 
 
-class HeadExplorer(StaticTwin, widgets.VBox):
+class HeadExplorer(_FigureExplorer):
     """A layer and head selector over one sentence's attention maps, with a static version for the site.
 
     Args:
@@ -320,12 +323,7 @@ class HeadExplorer(StaticTwin, widgets.VBox):
         self.tokens = list(tokens)
         self.layer = widgets.IntSlider(value=layer, min=1, max=N, description="layer", continuous_update=False)
         self.head = widgets.IntSlider(value=head, min=0, max=H - 1, description="head", continuous_update=False)
-        self.summary = widgets.Label()
-        self.image = widgets.Image(format="png")
-        super().__init__(children=[widgets.HBox([self.layer, self.head]), self.summary, self.image])
-        self.layer.observe(self.redraw, names="value")
-        self.head.observe(self.redraw, names="value")
-        self.redraw()
+        self._assemble(self.layer, self.head)
 
     def describe(self, layer: int, head: int) -> str:
         """One line about a head's map: its mean entropy and its largest weight."""

@@ -96,6 +96,16 @@ def _stack(layer: Union[nn.Module, Callable[[], nn.Module]], num_layers: int, ki
     return nn.ModuleList(layers)
 
 
+def _stack_from_torch(cls: type, stack: nn.Module, torch_cls: type, layer_cls: type, name: str) -> nn.Module:
+    """``cls`` (our encoder or decoder stack) with the weights of torch's ``stack`` (a ``torch_cls``): each layer
+    through ``layer_cls.from_torch``, the final norm copied, the training mode kept."""
+    if not isinstance(stack, torch_cls):
+        raise TypeError(f"{name} must be a torch.nn.{torch_cls.__name__}, got {type(stack).__name__}")
+    layers = iter([layer_cls.from_torch(m) for m in stack.layers])
+    norm = copy.deepcopy(stack.norm) if stack.norm is not None else None
+    return cls(lambda: next(layers), num_layers=len(stack.layers), norm=norm).train(stack.training)
+
+
 class _SublayerStack(nn.Module):
     """What the encoder and decoder layers share: torch's names for the feed-forward network and the norms
     (``linear1``, ``linear2``, ``norm1..n``, ``dropout``), its activation handling, and the weight copy from
@@ -312,11 +322,7 @@ class TransformerEncoder(nn.Module):
     @classmethod
     def from_torch(cls, encoder: nn.TransformerEncoder) -> TransformerEncoder:
         """A stack with the weights of ``encoder`` (each layer through :meth:`TransformerEncoderLayer.from_torch`)."""
-        if not isinstance(encoder, nn.TransformerEncoder):
-            raise TypeError(f"encoder must be a torch.nn.TransformerEncoder, got {type(encoder).__name__}")
-        layers = iter([TransformerEncoderLayer.from_torch(m) for m in encoder.layers])
-        norm = copy.deepcopy(encoder.norm) if encoder.norm is not None else None
-        return cls(lambda: next(layers), num_layers=len(encoder.layers), norm=norm).train(encoder.training)
+        return _stack_from_torch(cls, encoder, nn.TransformerEncoder, TransformerEncoderLayer, "encoder")
 
 
 # ------------------------------------------------------------------------------------------- decoder
@@ -475,8 +481,4 @@ class TransformerDecoder(nn.Module):
     @classmethod
     def from_torch(cls, decoder: nn.TransformerDecoder) -> TransformerDecoder:
         """A stack with the weights of ``decoder`` (each layer through :meth:`TransformerDecoderLayer.from_torch`)."""
-        if not isinstance(decoder, nn.TransformerDecoder):
-            raise TypeError(f"decoder must be a torch.nn.TransformerDecoder, got {type(decoder).__name__}")
-        layers = iter([TransformerDecoderLayer.from_torch(m) for m in decoder.layers])
-        norm = copy.deepcopy(decoder.norm) if decoder.norm is not None else None
-        return cls(lambda: next(layers), num_layers=len(decoder.layers), norm=norm).train(decoder.training)
+        return _stack_from_torch(cls, decoder, nn.TransformerDecoder, TransformerDecoderLayer, "decoder")

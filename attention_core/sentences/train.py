@@ -14,7 +14,7 @@ Command line (one CPU thread, a few seconds per model)::
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 from attention_core.models.classifier import AttentionClassifier, build_classifier
 from attention_core.sentences.data import VOCAB, SentenceBatch, collate, stream
-from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, save_recipe_checkpoint
-from attention_core.training.cli import recipes_main
-from attention_core.training.loop import TrainRecipe, fit
+from attention_core.training.checkpoint import TrainLog, load_or_train_recipe
+from attention_core.training.cli import recipes_main, train_and_record
+from attention_core.training.loop import TrainRecipe, fit, recipe_named
 
 __all__ = ["CHECKPOINT_DIR", "RECIPES", "ClassifierRecipe", "accuracy", "load_or_train", "main", "train_recipe"]
 
@@ -35,18 +35,13 @@ CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
 @dataclass(frozen=True)
-class ClassifierRecipe(TrainRecipe):
+class ClassifierRecipe(TrainRecipe, steps=400, batch_size=64, lr=3e-3, min_lr_ratio=0.1):
     """How one classifier is built and trained: ``model`` holds :func:`build_classifier`'s settings (besides
     ``vocab_size``); Adam for ``steps`` steps on fresh batches of ``batch_size`` from ``stream(batch_size,
     data_seed)``, learning rate on a cosine from ``lr`` to ``min_lr_ratio * lr``, no warm-up, no clipping,
     parameters from ``seed`` (the fields of :class:`~attention_core.training.loop.TrainRecipe`)."""
 
     model: Dict[str, Any] = field(default_factory=dict)
-    _: KW_ONLY
-    steps: int = 400
-    batch_size: int = 64
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
 
     def config(self) -> Dict[str, Any]:
         return {**self.model, "vocab_size": len(VOCAB), "seed": self.seed}
@@ -66,11 +61,7 @@ RECIPES: Dict[str, ClassifierRecipe] = {r.name: r for r in (
 
 
 def _recipe(name: Union[str, ClassifierRecipe]) -> ClassifierRecipe:
-    if isinstance(name, ClassifierRecipe):
-        return name
-    if name not in RECIPES:
-        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
-    return RECIPES[name]
+    return recipe_named(name, RECIPES, ClassifierRecipe)
 
 
 def train_recipe(name: Union[str, ClassifierRecipe], show_progress: bool = True
@@ -105,15 +96,9 @@ def train_and_save(names: Sequence[str], directory: PathLike = CHECKPOINT_DIR, s
     """Train each recipe in ``names`` on one thread, save ``<name>.pt`` and record it in the manifest."""
     from attention_core.sentences.data import test_set
 
-    torch.set_num_threads(1)
     test = collate(test_set())
-    for name in names:
-        recipe = _recipe(name)
-        model, log = train_recipe(recipe, show_progress=show_progress)
-        entry = save_recipe_checkpoint(model, log, recipe, directory,
-                                       extra={"test_accuracy": round(accuracy(model, test), 4)})
-        print(f"{recipe.name}: {entry['parameters']} parameters, {log.seconds:.1f} s, test accuracy "
-              f"{entry['test_accuracy']}, sha256 {entry['sha256'][:12]}...", flush=True)
+    train_and_record([_recipe(n) for n in names], directory, lambda r: train_recipe(r, show_progress=show_progress),
+                     lambda model: {"test_accuracy": round(accuracy(model, test), 4)})
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -21,17 +21,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from attention_core.models.hybrid_lm import HybridLM, build_hybrid_lm
 from attention_core.shakespeare.data import Corpus, load_corpus, random_batch
+from attention_core.shakespeare.train import _CharLMTraining
 from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, save_recipe_checkpoint
-from attention_core.training.loop import TrainRecipe, fit
+from attention_core.training.loop import fit
 from attention_core.training.modes import eval_mode
 
 __all__ = ["HYBRID_RECIPES", "SEED_STUDY_FILE", "HybridRecipe", "evaluate_hybrid", "load_or_train_hybrid",
@@ -44,12 +45,13 @@ SEED_STUDY_FILE = CHECKPOINT_DIR / "hybrid_seeds.json"
 
 
 @dataclass(frozen=True)
-class HybridRecipe(TrainRecipe):
+class HybridRecipe(_CharLMTraining, steps=400, batch_size=16, lr=3e-3, warmup=30):
     """A :class:`~attention_core.models.hybrid_lm.HybridLM` whose layers are ``layers`` joined by ``+``, of width
     ``d_model`` with ``num_heads`` heads, trained for ``steps`` AdamW steps (betas 0.9, 0.99) on ``batch_size``
     random crops of ``context`` characters (``data_seed``), learning rate warmed up over ``warmup`` steps to
     ``lr`` then cosine-decayed to ``min_lr_ratio * lr``, weight decay on the matrices, gradient norm clipped at
-    ``clip`` (the fields of :class:`~attention_core.training.loop.TrainRecipe`)."""
+    ``clip`` (the fields of :class:`~attention_core.training.loop.TrainRecipe`; the optimiser, weight decay,
+    clipping and the rate's floor are those of the Shakespeare language model's recipe)."""
 
     name: str = "hybrid_softmax"
     layers: str = "softmax+softmax"
@@ -57,17 +59,6 @@ class HybridRecipe(TrainRecipe):
     num_heads: int = 4
     context: int = 128
     window: int = 16
-    _: KW_ONLY
-    steps: int = 400
-    batch_size: int = 16
-    lr: float = 3e-3
-    warmup: int = 30
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    clip: Optional[float] = 1.0
-
-    OPTIMIZER: ClassVar[str] = "adamw"
-    BETAS: ClassVar[Tuple[float, float]] = (0.9, 0.99)
 
     def config(self, vocab_size: int) -> Dict[str, Any]:
         """The config dict of :func:`~attention_core.models.hybrid_lm.build_hybrid_lm`."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import KW_ONLY, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -61,7 +61,17 @@ CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
 @dataclass(frozen=True)
-class LMRecipe(TrainRecipe):
+class _CharLMTraining(TrainRecipe, min_lr_ratio=0.1, weight_decay=0.1, clip=1.0):
+    """The training every character model of this wing shares (:class:`LMRecipe` and
+    :class:`~attention_core.shakespeare.hybrid.HybridRecipe`): AdamW with betas (0.9, 0.99) and weight decay 0.1
+    on the matrices, gradient norm clipped at 1, the learning rate decayed to a tenth of its peak."""
+
+    OPTIMIZER: ClassVar[str] = "adamw"
+    BETAS: ClassVar[Tuple[float, float]] = (0.9, 0.99)
+
+
+@dataclass(frozen=True)
+class LMRecipe(_CharLMTraining, steps=2500, batch_size=32, lr=2e-3, warmup=100):
     """How the Shakespeare model is built and trained (the training fields are those of
     :class:`~attention_core.training.loop.TrainRecipe`; AdamW with betas (0.9, 0.99)).
 
@@ -85,17 +95,6 @@ class LMRecipe(TrainRecipe):
     repeat_fraction: float = 0.5
     repeat_min: int = 8
     repeat_max: int = 40
-    _: KW_ONLY
-    steps: int = 2500
-    batch_size: int = 32
-    lr: float = 2e-3
-    warmup: int = 100
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    clip: Optional[float] = 1.0
-
-    OPTIMIZER: ClassVar[str] = "adamw"
-    BETAS: ClassVar[Tuple[float, float]] = (0.9, 0.99)
 
     def config(self, vocab_size: int) -> Dict[str, Any]:
         """The config dict of :func:`~attention_core.models.language_model.build_language_model`."""

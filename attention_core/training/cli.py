@@ -1,12 +1,18 @@
-"""The command line every recipe-based training module shares: ``python -m <wing>.train NAME [NAME ...]``."""
+"""The command line every recipe-based training module shares: ``python -m <wing>.train NAME [NAME ...]``, and
+the train-save-record pass behind it."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ["recipes_main"]
+import torch
+from torch import nn
+
+from attention_core.training.checkpoint import TrainLog, save_recipe_checkpoint
+
+__all__ = ["recipes_main", "train_and_record"]
 
 
 def recipes_main(argv: Optional[Sequence[str]], description: str, recipes: Mapping[str, object],
@@ -25,3 +31,28 @@ def recipes_main(argv: Optional[Sequence[str]], description: str, recipes: Mappi
     if unknown or not names:
         parser.error(f"give recipe names from {sorted(recipes)} or --all (got {names})")
     train_and_save(names, args.out)
+
+
+def train_and_record(recipes: Iterable[Any], directory: Union[str, Path],
+                     train: Callable[[Any], Tuple[nn.Module, TrainLog]],
+                     measure: Optional[Callable[[nn.Module], Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+    """Train each of ``recipes`` with ``train(recipe) -> (model, log)`` on one CPU thread (so that the runs repeat
+    exactly), write ``<name>.pt`` and its manifest entry in ``directory``
+    (:func:`~attention_core.training.checkpoint.save_recipe_checkpoint`, with the fields ``measure(model)``
+    returns, a test accuracy say), and print one line per model; returns the entries.
+
+    The manifest is updated under a file lock after each model, so several processes may train different
+    recipes into one folder at the same time.
+    """
+    torch.set_num_threads(1)
+    entries = []
+    for recipe in recipes:
+        model, log = train(recipe)
+        measured = {} if measure is None else measure(model)
+        entry = save_recipe_checkpoint(model, log, recipe, directory, extra=measured)
+        tail = log.losses[-50:]
+        said = "".join(f", {k.replace('_', ' ')} {v}" for k, v in measured.items())
+        print(f"{recipe.name}: {entry['parameters']} parameters, {log.seconds:.1f} s, final loss "
+              f"{sum(tail) / len(tail):.4f}{said}, sha256 {entry['sha256'][:12]}...", flush=True)
+        entries.append(entry)
+    return entries

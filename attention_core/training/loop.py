@@ -10,10 +10,10 @@ A recipe is a frozen dataclass deriving from :class:`TrainRecipe`; its fields ar
 that a checkpoint traces back to the exact settings that made it::
 
     @dataclass(frozen=True)
-    class MyRecipe(TrainRecipe):
+    class MyRecipe(TrainRecipe, steps=400, batch_size=64):   # the wing's defaults of the training fields
         width: int = 32                      # the wing's own fields (the model, the data)
 
-    recipe = MyRecipe("mine", steps=400, batch_size=64, lr=3e-3, warmup=30, min_lr_ratio=0.1)
+    recipe = MyRecipe("mine", lr=3e-3, warmup=30, min_lr_ratio=0.1)
     model = build(recipe)
     g = torch.Generator().manual_seed(recipe.data_seed)
     log = fit(model, recipe, lambda step: draw_batch(g), lambda m, b: F.cross_entropy(m(b.x), b.y))
@@ -22,8 +22,8 @@ that a checkpoint traces back to the exact settings that made it::
 from __future__ import annotations
 
 import time
-from dataclasses import KW_ONLY, dataclass
-from typing import Any, Callable, ClassVar, Optional, Tuple
+from dataclasses import KW_ONLY, dataclass, field, fields
+from typing import Any, Callable, ClassVar, Mapping, Optional, Tuple, Type, TypeVar, Union
 
 import torch
 from torch import nn
@@ -33,7 +33,7 @@ from attention_core.training.modes import train_mode
 from attention_core.training.progress import progress
 from attention_core.training.schedules import cosine_lr
 
-__all__ = ["TrainRecipe", "fit", "make_optimizer"]
+__all__ = ["TrainRecipe", "fit", "make_optimizer", "recipe_named"]
 
 @dataclass(frozen=True)
 class TrainRecipe:
@@ -46,6 +46,14 @@ class TrainRecipe:
 
     Class attributes (not recorded in the manifest; one per wing): ``OPTIMIZER`` (``"adam"`` or ``"adamw"``) and
     ``BETAS``, Adam's two decay rates.
+
+    A wing gives the training fields its own defaults as class keywords, without declaring them again::
+
+        @dataclass(frozen=True)
+        class MyRecipe(TrainRecipe, steps=400, batch_size=64, lr=3e-3):
+            width: int = 32
+
+    (:meth:`__init_subclass__`: each stays keyword-only, of the type declared here; an unknown name is refused).
     """
 
     name: str
@@ -63,6 +71,26 @@ class TrainRecipe:
     OPTIMIZER: ClassVar[str] = "adam"
     BETAS: ClassVar[Tuple[float, float]] = (0.9, 0.999)
 
+    def __init_subclass__(cls, **defaults: Any) -> None:
+        """Set the defaults of training fields named as class keywords (``class R(TrainRecipe, steps=400)``): each
+        becomes a field of ``cls`` (keyword-only, the type :class:`TrainRecipe` declares) for ``@dataclass`` to
+        read. A name that is no keyword-only field of :class:`TrainRecipe`, or that the class body declares too,
+        is refused with a TypeError."""
+        super().__init_subclass__()
+        if not defaults:
+            return
+        training = {f.name: f for f in fields(TrainRecipe) if f.kw_only}
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        unknown = sorted(set(defaults) - set(training))
+        twice = sorted(set(defaults) & set(own))
+        if unknown or twice:
+            raise TypeError(f"{cls.__name__}: class keywords must be training fields of TrainRecipe "
+                            f"({sorted(training)}) that the class body does not declare, got {sorted(defaults)}")
+        for name, value in defaults.items():
+            own[name] = training[name].type
+            setattr(cls, name, field(default=value, kw_only=True))
+        cls.__annotations__ = own
+
     def lr_at(self, step: int) -> float:
         """The learning rate at ``step`` (0-based): :func:`~attention_core.training.schedules.cosine_lr`."""
         return cosine_lr(step, lr=self.lr, steps=self.steps, warmup=self.warmup, min_lr_ratio=self.min_lr_ratio)
@@ -70,6 +98,22 @@ class TrainRecipe:
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """The optimiser of this recipe for ``model``'s parameters (:func:`make_optimizer`)."""
         return make_optimizer(model, self.OPTIMIZER, self.lr, self.weight_decay, self.BETAS)
+
+
+R = TypeVar("R", bound=TrainRecipe)
+
+
+def recipe_named(name: Union[str, R], recipes: Mapping[str, R], kind: Type[R]) -> R:
+    """A wing's recipe by name: ``name`` itself when it is already a ``kind`` recipe, else ``recipes[name]``.
+
+    Raises:
+        ValueError: ``name`` is not a key of ``recipes`` (the message lists the keys).
+    """
+    if isinstance(name, kind):
+        return name
+    if name not in recipes:
+        raise ValueError(f"name must be one of {sorted(recipes)}, got {name!r}")
+    return recipes[name]
 
 
 def make_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float = 0.0,

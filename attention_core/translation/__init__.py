@@ -10,6 +10,8 @@ A wing of its own, beside the attention core (which never imports it):
   command line that made them (``python -m attention_core.translation.train NAME | --all``);
 - :mod:`~attention_core.translation.sweep`: chapter 8's learning-rate sweep and seeds for the Transformer and
   Bahdanau's model, recorded in ``checkpoints/lr_sweep.json`` (``python -m attention_core.translation.sweep``);
+- :mod:`~attention_core.translation.studies`: the recorded studies' file of runs, each made once and resumable
+  (chapter 3's bottleneck runs, chapter 8's sweep, chapter 4's Luong seeds);
 - :class:`EncoderDecoder`: the interface all models speak.
 """
 

@@ -16,19 +16,19 @@ Runs already in the file are not repeated, so an interrupted run resumes.
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
-import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from attention_core.translation.data import NumberWords, Pair
+from attention_core.translation.data import Pair
 from attention_core.translation.metrics import book_test_set, evaluate_by_bucket
-from attention_core.translation.train import CHECKPOINT_DIR, RECIPES, build_model, train_seq2seq
+from attention_core.translation.studies import read_runs as read_recorded
+from attention_core.translation.studies import study_main
+from attention_core.translation.train import CHECKPOINT_DIR, RECIPES, train_recipe
 
 __all__ = ["RUNS", "RUNS_FILE", "main", "read_runs", "run_one"]
 
@@ -58,10 +58,7 @@ def run_one(name: str, seed: int, steps: int, hidden_dim: int, test: Optional[Se
         raise ValueError(f"name must be 'plain' or 'bahdanau', got {name!r}")
     base = RECIPES[name]
     recipe = replace(base, seed=seed, data_seed=seed + 1, steps=steps, model={**base.model, "hidden_dim": hidden_dim})
-    task = NumberWords()
-    model = build_model(recipe.config(task))
-    log = train_seq2seq(model, task.stream(recipe.batch_size, recipe.data_seed), recipe.steps, lr=recipe.lr,
-                        clip=recipe.clip, show_progress=False, min_lr_ratio=recipe.min_lr_ratio)
+    model, log = train_recipe(recipe, show_progress=False)
     scores = evaluate_by_bucket(model, book_test_set() if test is None else test)
     return {"name": name, "seed": seed, "steps": steps, "hidden_dim": hidden_dim,
             "parameters": sum(p.numel() for p in model.parameters()),
@@ -74,29 +71,19 @@ def run_one(name: str, seed: int, steps: int, hidden_dim: int, test: Optional[Se
 
 def read_runs(path: Path = RUNS_FILE) -> List[Dict[str, Any]]:
     """The recorded runs (a list of :func:`run_one` rows), or an empty list when the file is missing."""
-    path = Path(path)
-    return json.loads(path.read_text())["runs"] if path.is_file() else []
+    return read_recorded(path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m attention_core.translation.bottleneck [--out FILE]``: the runs of :data:`RUNS` (resumable)."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--out", type=Path, default=RUNS_FILE)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    runs = read_runs(args.out)
+    meta = {"command": "python -m attention_core.translation.bottleneck", "threads": 1,
+            "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}
+    study = study_main(argv, main.__doc__, RUNS_FILE, meta)
     for name, seed, steps, hidden in RUNS:
-        if any((r["name"], r["seed"], r["steps"], r["hidden_dim"]) == (name, seed, steps, hidden) for r in runs):
-            continue
-        start = time.perf_counter()
-        runs.append(run_one(name, seed, steps, hidden))
-        meta = {"command": "python -m attention_core.translation.bottleneck", "threads": 1,
-                "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}
-        args.out.write_text(json.dumps({**meta, "runs": runs}, indent=1) + "\n")
-        r = runs[-1]
-        print(f"{name:8s} seed={seed} steps={steps} hidden={hidden}: exact by bucket "
-              f"{[round(b['exact_match'], 3) for b in r['buckets']]} ({time.perf_counter() - start:.0f} s)",
-              flush=True)
+        study.ensure({"name": name, "seed": seed, "steps": steps, "hidden_dim": hidden},
+                     partial(run_one, name, seed, steps, hidden),
+                     lambda r: f"{r['name']:8s} seed={r['seed']} steps={r['steps']} hidden={r['hidden_dim']}: exact "
+                               f"by bucket {[round(b['exact_match'], 3) for b in r['buckets']]}")
 
 
 if __name__ == "__main__":

@@ -21,18 +21,13 @@ Runs that are already in the file are not repeated, so an interrupted sweep resu
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-import torch
-
-from attention_core.translation.data import NumberWords
 from attention_core.translation.metrics import book_test_set, book_validation_set, evaluate_by_bucket
-from attention_core.translation.train import CHECKPOINT_DIR, RECIPES, build_model, load_or_train, train_seq2seq
+from attention_core.translation.studies import read_runs, study_main
+from attention_core.translation.train import CHECKPOINT_DIR, RECIPES, load_or_train, train_recipe
 
 __all__ = ["ARMS", "LRS", "SEEDS", "SWEEP_FILE", "chosen_lr", "read_sweep", "run_one", "main"]
 
@@ -56,10 +51,7 @@ def run_one(name: str, lr: float, seed: int, steps: Optional[int] = None, test: 
         model, entry = load_or_train(name)
         source, final_loss = "checkpoint", entry["losses"][-1]
     else:
-        task = NumberWords()
-        model = build_model(recipe.config(task))
-        log = train_seq2seq(model, task.stream(recipe.batch_size, recipe.data_seed), recipe.steps, lr=recipe.lr,
-                            clip=recipe.clip, show_progress=False, min_lr_ratio=recipe.min_lr_ratio)
+        model, log = train_recipe(recipe, show_progress=False)
         source, final_loss = "trained", sum(log.losses[-25:]) / len(log.losses[-25:])
     row: Dict[str, Any] = {"arm": name, "lr": lr, "seed": seed, "steps": recipe.steps, "source": source,
                            "final_loss": final_loss,
@@ -73,8 +65,7 @@ def run_one(name: str, lr: float, seed: int, steps: Optional[int] = None, test: 
 
 def read_sweep(path: Path = SWEEP_FILE) -> List[Dict[str, Any]]:
     """The recorded runs (a list of :func:`run_one` rows), or an empty list when the file is missing."""
-    path = Path(path)
-    return json.loads(path.read_text())["runs"] if path.is_file() else []
+    return read_runs(path)
 
 
 def chosen_lr(runs: Sequence[Dict[str, Any]], arm: str, seed: int = 0) -> float:
@@ -86,29 +77,16 @@ def chosen_lr(runs: Sequence[Dict[str, Any]], arm: str, seed: int = 0) -> float:
     return max(rows, key=lambda r: (r["val_exact"], -r["lr"]))["lr"]
 
 
-def _save(runs: List[Dict[str, Any]], path: Path) -> None:
-    meta = {"command": "python -m attention_core.translation.sweep", "threads": 1, "lrs": list(LRS),
-            "seeds": list(SEEDS), "arms": list(ARMS)}
-    path.write_text(json.dumps({**meta, "runs": runs}, indent=1) + "\n")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m attention_core.translation.sweep [--out FILE]``: the sweep, then the seeds (resumable)."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--out", type=Path, default=SWEEP_FILE)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    runs = read_sweep(args.out)
+    meta = {"command": "python -m attention_core.translation.sweep", "threads": 1, "lrs": list(LRS),
+            "seeds": list(SEEDS), "arms": list(ARMS)}
+    study = study_main(argv, main.__doc__, SWEEP_FILE, meta)
+    runs = study.runs
 
     def ensure(arm: str, lr: float, seed: int) -> None:
-        if any(r["arm"] == arm and r["lr"] == lr and r["seed"] == seed for r in runs):
-            return
-        start = time.perf_counter()
-        runs.append(run_one(arm, lr, seed))
-        _save(runs, args.out)
-        r = runs[-1]
-        print(f"{arm:12s} lr={lr:g} seed={seed}: val {r['val_exact']:.3f} test {r['test_exact']:.3f} "
-              f"({time.perf_counter() - start:.0f} s)", flush=True)
+        study.ensure({"arm": arm, "lr": lr, "seed": seed}, lambda: run_one(arm, lr, seed),
+                     lambda r: f"{arm:12s} lr={lr:g} seed={seed}: val {r['val_exact']:.3f} test {r['test_exact']:.3f}")
 
     # The Transformer's sweep first, then seeds of both arms, Bahdanau's at the recipes' rate (a tilt towards the
     # Transformer), then Bahdanau's own sweep: an interrupted run has the runs that matter most.

@@ -17,7 +17,7 @@ One path for every model of chapters 3, 4 and 8:
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from attention_core._checks import check_int
-from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, read_manifest, save_recipe_checkpoint
-from attention_core.training.cli import recipes_main
-from attention_core.training.loop import TrainRecipe, fit
+from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, read_manifest
+from attention_core.training.cli import recipes_main, train_and_record
+from attention_core.training.loop import TrainRecipe, fit, recipe_named
 from attention_core.translation.data import PAD_ID, Batch, NumberWords, Pair
 from attention_core.translation.protocol import EncoderDecoder
-from attention_core.translation.rnn import build_rnn_model, count_parameters
+from attention_core.translation.rnn import build_rnn_model
 from attention_core.translation.transformer import build_transformer
 
 __all__ = [
@@ -117,7 +117,7 @@ def build_model(config: Dict[str, Any]) -> EncoderDecoder:
 
 
 @dataclass(frozen=True)
-class Recipe(TrainRecipe):
+class Recipe(TrainRecipe, steps=600, batch_size=64, lr=5e-3, min_lr_ratio=0.05, clip=1.0):
     """How one of the book's translation models is built and trained.
 
     ``model`` holds the model's settings (``kind``: ``"plain"``, ``"bahdanau"``, ``"luong"`` or
@@ -131,12 +131,6 @@ class Recipe(TrainRecipe):
     """
 
     model: Dict[str, Any] = field(default_factory=dict)
-    _: KW_ONLY
-    steps: int = 600
-    batch_size: int = 64
-    lr: float = 5e-3
-    min_lr_ratio: float = 0.05
-    clip: Optional[float] = 1.0
 
     @property
     def kind(self) -> str:
@@ -172,11 +166,7 @@ RECIPES: Dict[str, Recipe] = {r.name: r for r in (
 
 
 def _recipe(name: Union[str, Recipe]) -> Recipe:
-    if isinstance(name, Recipe):
-        return name
-    if name not in RECIPES:
-        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
-    return RECIPES[name]
+    return recipe_named(name, RECIPES, Recipe)
 
 
 def training_pairs(name: Union[str, Recipe]) -> List[Pair]:
@@ -234,14 +224,7 @@ def train_and_save(names: Sequence[str], directory: PathLike = CHECKPOINT_DIR, s
     The manifest is updated under a file lock after each model, so several processes may train different
     recipes into one folder at the same time. Runs on one thread, so that they repeat exactly.
     """
-    torch.set_num_threads(1)
-    directory = Path(directory)
-    for name in names:
-        recipe = _recipe(name)
-        model, log = train_recipe(recipe, show_progress=show_progress)
-        entry = save_recipe_checkpoint(model, log, recipe, directory)
-        print(f"{recipe.name}: {count_parameters(model)} parameters, {log.seconds:.0f} s, final loss "
-              f"{sum(log.losses[-50:]) / len(log.losses[-50:]):.4f}, sha256 {entry['sha256'][:12]}...", flush=True)
+    train_and_record([_recipe(n) for n in names], directory, lambda r: train_recipe(r, show_progress=show_progress))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -17,7 +17,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import KW_ONLY, asdict, dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -59,10 +59,11 @@ COMPARISON_FILE = "comparison.json"
 
 
 @dataclass(frozen=True)
-class _VisionRecipe(TrainRecipe):
+class _VisionRecipe(TrainRecipe, batch_size=64, warmup=100, weight_decay=0.05):
     """The training the vision recipes share: AdamW (weight decay on the matrices), learning rate warmed up over
     ``warmup`` steps, then a half cosine over ``steps - warmup`` steps towards zero (the last step is one short of
-    it; ``min_lr_ratio`` must stay 0)."""
+    it; ``min_lr_ratio`` must stay 0). Both recipes draw batches of 64 and warm up over 100 steps, with weight
+    decay 0.05."""
 
     OPTIMIZER: ClassVar[str] = "adamw"
 
@@ -76,7 +77,7 @@ class _VisionRecipe(TrainRecipe):
 
 
 @dataclass(frozen=True)
-class ViTRecipe(_VisionRecipe):
+class ViTRecipe(_VisionRecipe, steps=800, lr=3e-3, data_seed=0):
     """A ViT on the digits: patches of ``patch_size`` pixels, ``num_layers`` pre-LN blocks of width ``d_model``;
     ``steps`` AdamW steps of ``batch_size`` images drawn (seeded by ``data_seed``) from ``train_size`` training
     images, learning rate warmed up over ``warmup`` steps then cosine-decayed to zero; no augmentation."""
@@ -90,13 +91,6 @@ class ViTRecipe(_VisionRecipe):
     pos: str = "learned"
     pool: str = "cls"
     train_size: int = 1437
-    _: KW_ONLY
-    steps: int = 800
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup: int = 100
-    weight_decay: float = 0.05
-    data_seed: int = 0
 
     def config(self) -> Dict[str, Any]:
         """The config dict of :func:`~attention_core.models.vit.build_vit`."""
@@ -106,7 +100,7 @@ class ViTRecipe(_VisionRecipe):
 
 
 @dataclass(frozen=True)
-class CaptionRecipe(_VisionRecipe):
+class CaptionRecipe(_VisionRecipe, steps=1000, lr=2e-3):
     """A captioner on ``cells`` digits side by side (patches of ``patch_size``): ``train_images`` generated
     captions from the training digits, ``steps`` AdamW steps, cosine schedule after ``warmup``."""
 
@@ -119,12 +113,6 @@ class CaptionRecipe(_VisionRecipe):
     encoder_layers: int = 0
     decoder_layers: int = 2
     train_images: int = 8000
-    _: KW_ONLY
-    steps: int = 1000
-    batch_size: int = 64
-    lr: float = 2e-3
-    warmup: int = 100
-    weight_decay: float = 0.05
 
     def config(self) -> Dict[str, Any]:
         """The config dict of :func:`~attention_core.models.captioner.build_captioner`."""

@@ -203,14 +203,19 @@ def _wait_text(page, element, text: str) -> None:
                            timeout=30_000)
 
 
-def test_chapter_5_hides_its_answers_and_checks_a_number(page) -> None:
+def _open_exercise(page, name: str, start: str):
+    """Open chapter ``name``, check that it shows no answer, unfold one fold; returns the page, the notebook panel
+    and the source of the exercise cell that starts with ``start``."""
     page, url = page
-    name = "05_self_attention.ipynb"
     panel = _open(page, url, name)
     _assert_nothing_shown(page, panel, name)
     _unfold_one(panel)
     nb = nbformat.read(ROOT / "book" / name, as_version=4)
-    source = next(c.source for c in nb.cells if c.source.startswith("ex1 = exercises.check_value("))
+    return page, panel, next(c.source for c in nb.cells if c.source.startswith(start))
+
+
+def test_chapter_5_hides_its_answers_and_checks_a_number(page) -> None:
+    page, panel, source = _open_exercise(page, "05_self_attention.ipynb", "ex1 = exercises.check_value(")
     worked = decode_answer(ENCODED_NUMBER.search(source).group(1))
     (cell,) = _run_cells(page, panel, source.splitlines()[0])
     box = cell.locator(".widget-text input")
@@ -225,13 +230,7 @@ def test_chapter_5_hides_its_answers_and_checks_a_number(page) -> None:
 
 
 def test_chapter_2_hides_its_answers_and_checks_the_quiz(page) -> None:
-    page, url = page
-    name = "02_scoring_functions.ipynb"
-    panel = _open(page, url, name)
-    _assert_nothing_shown(page, panel, name)
-    _unfold_one(panel)
-    nb = nbformat.read(ROOT / "book" / name, as_version=4)
-    source = next(c.source for c in nb.cells if c.source.startswith("quiz = exercises.quiz("))
+    page, panel, source = _open_exercise(page, "02_scoring_functions.ipynb", "quiz = exercises.quiz(")
     right, why = decode_quiz(ENCODED_QUIZ.search(source).group(1))
     (cell,) = _run_cells(page, panel, source.splitlines()[0])
     radios = cell.locator(".widget-radio-box input[type=radio]")
