@@ -33,6 +33,7 @@ VARIANTS = {
     "gemma3": {"layer_pattern": "LLLLLG", "local_window": 4},
     "gate+sinks": {"output_gate": True, "sink_logits": True},
     "qk_norm+share+gemma2": {"qk_norm": True, "kv_share": 2, "layer_pattern": "GL", "local_window": 2},
+    "share+local groups": {"kv_share": 2, "layer_pattern": "LLGG", "local_window": 3, "sink_logits": True},
     "all": ALL,
 }
 
@@ -280,7 +281,7 @@ def test_decoding_with_the_cache_equals_recomputation(name: str) -> None:
         got = decode(model, text, cache)
         static = decode(model, text, model.new_cache(max_len=16), prompt=1)
     assert (got - full).abs().max() <= 1e-5 and (static - full).abs().max() <= 1e-5
-    assert len(cache) == 16 and cache.num_layers == model.cache_layers
+    assert cache.seen == 16 and cache.num_layers == model.cache_layers
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3", "sinks", "all"])
@@ -295,15 +296,16 @@ def test_decoding_with_a_rolling_cache_equals_windowed_recomputation(name: str, 
     assert (got - ref).abs().max() <= 1e-5 and (oneshot - ref).abs().max() <= 1e-5
 
 
-def test_left_padded_rows_compute_what_they_compute_alone() -> None:
-    model = variant_model(ALL)
+@pytest.mark.parametrize("name", ["all", "gemma2", "share+local groups"])
+def test_left_padded_rows_compute_what_they_compute_alone(name: str) -> None:
+    model = variant_model(VARIANTS[name])
     short, long = tokens(1, 5, seed=3)[0], tokens(1, 8, seed=4)[0]
     batch, pad = left_pad([short, long])
-    more = tokens(2, 3, seed=5)
+    more = tokens(2, 4, seed=5)
     with torch.no_grad():
         cache = model.new_cache()
         got = torch.cat([model(batch, cache, pad=pad).logits] +
-                        [model(more[:, t:t + 1], cache).logits for t in range(3)], dim=1)
+                        [model(more[:, t:t + 1], cache).logits for t in range(4)], dim=1)
         alone = [model(torch.cat([r, m])[None]).logits[0] for r, m in ((short, more[0]), (long, more[1]))]
     assert (got[0, 3:] - alone[0]).abs().max() <= 1e-5
     assert (got[1] - alone[1]).abs().max() <= 1e-5
@@ -331,6 +333,51 @@ def test_cache_bytes_per_token_with_shared_keys_and_values(num_kv_heads: int) ->
     assert cache.nbytes() == kv_cache_bytes(2, num_kv_heads, 8, 17, batch=2, bytes_per_element=4)
     assert cache.nbytes() == 4 * 2 * 17 * model.num_layers * model.cache_numbers_per_token()
     assert 2 * model.cache_numbers_per_token() == plain.cache_numbers_per_token() == 2 * num_kv_heads * 8
+
+
+@pytest.mark.parametrize("options,rolling", [
+    ({"layer_pattern": "LG", "local_window": 3}, [3, None, 3, None]),  # Gemma 2: every other entry rolls
+    ({"layer_pattern": "LLLLLG", "local_window": 4}, [4, 4, 4, 4]),  # Gemma 3 (6 layers would end on a global)
+    ({"layer_pattern": "LLGG", "local_window": 3, "kv_share": 2}, [3, None]),  # a group of local layers rolls
+    ({"layer_pattern": "LG", "local_window": 3, "kv_share": 2}, [None, None]),  # a mixed group keeps every token
+])
+def test_entries_read_only_by_local_layers_hold_the_window(options: dict, rolling: list) -> None:
+    model = variant_model(options)
+    cache = model.new_cache()
+    assert cache.layer_windows == (None if set(rolling) == {None} else rolling)
+    T = 17
+    with torch.no_grad():
+        model(tokens(2, 12), cache)
+        for t in range(5):
+            model(tokens(2, 1, seed=t), cache)
+    held = [T if w is None else w - 1 for w in rolling]
+    assert [cache.held(g) for g in range(model.cache_layers)] == held and len(cache) == max(held)
+    per_entry = 2 * model.num_kv_heads * model.head_dim * 4  # float32 keys and values, per token and batch row
+    assert cache.nbytes() == 2 * per_entry * sum(held)
+
+
+def test_a_cache_that_rolls_some_layers_is_checked_and_restored() -> None:
+    from attention_core.models.kv_cache import KVCache
+
+    with pytest.raises(ValueError, match="layer_windows must be a sequence of num_layers = 2"):
+        KVCache(2, layer_windows=[3])
+    with pytest.raises(ValueError, match="not with window=4"):
+        KVCache(2, window=4, layer_windows=[3, None])
+    with pytest.raises(ValueError, match=r"layer_windows\[1\] must be an int >= 1"):
+        KVCache(2, layer_windows=[3, 0])
+    model = variant_model({"layer_pattern": "LG", "local_window": 3})
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(tokens(1, 6), cache)
+        keys = [k.clone() for k in cache.keys]
+        with pytest.raises(ValueError, match="tokens must be ids"):
+            model(torch.tensor([[0, V]]), cache)
+        with cache.snapshot() as snap:
+            model(tokens(1, 2), cache)
+            cache.restore(snap)
+    assert all(torch.equal(a, b) for a, b in zip(keys, cache.keys))
+    with pytest.raises(ValueError, match="crop needs a full cache"):
+        cache.crop(1)
 
 
 # ------------------------------------------------------------------------------------------- parameters
@@ -385,6 +432,18 @@ def test_the_options_are_checked_at_the_edge(options: dict, err: type, pattern: 
     config = {"vocab_size": V, "d_model": 32, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, **options}
     with pytest.raises(err, match=pattern):
         build_language_model(config)
+
+
+def test_the_paged_engine_and_the_clamped_forward_refuse_the_options() -> None:
+    from attention_core.models.long_context import forward_clamped_offsets
+    from attention_core.serving.engine import new_paged_cache
+
+    for options in ({"qk_norm": True}, {"layer_pattern": "LG", "local_window": 2}):
+        model = variant_model(options)
+        with pytest.raises(ValueError, match="the paged engine serves the plain standard attention only"):
+            new_paged_cache(model, 8)
+        with pytest.raises((TypeError, ValueError), match="standard"):
+            forward_clamped_offsets(model, tokens(1, 4), 2)
 
 
 def test_a_cache_of_the_wrong_size_is_refused() -> None:

@@ -92,7 +92,7 @@ class _Plan:
     ``mask``/``is_causal``: the attention mask (dense, from the mask mods) or SDPA's flag;
     ``block_mask``: a flex-attention block mask instead (full-sequence calls only);
     ``shared``: each key/value group's keys and values, from the layer that computes them to the layers that
-    reuse them (cross-layer sharing); ``local``: the plan of the local layers (a sliding window), or ``None``.
+    reuse them (cross-layer sharing); ``local``: the plan of each local layer (a sliding window), by layer.
     """
 
     positions: Optional[torch.Tensor]
@@ -101,7 +101,7 @@ class _Plan:
     is_causal: bool
     block_mask: Optional[BlockMask] = None
     shared: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    local: Optional[_Plan] = None
+    local: Dict[int, _Plan] = field(default_factory=dict)
 
 
 def left_pad(rows: List[torch.Tensor], pad_id: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -299,8 +299,13 @@ class DecoderLM(nn.Module):
 
     def new_cache(self, window: Optional[int] = None, sinks: int = 0, max_len: Optional[int] = None) -> KVCache:
         """An empty :class:`KVCache` for this model (full, or rolling with ``window`` and ``sinks``; ``max_len``:
-        preallocate that many slots, a static cache)."""
-        return KVCache(self.cache_layers, window, sinks, max_len=max_len)
+        preallocate that many slots, a static cache). A full cache of a model with local layers rolls the entries
+        that only local layers read (``layer_windows``): they hold ``local_window - 1`` tokens between calls."""
+        W, share = self.options.local_window, self.options.kv_share
+        if W is None or window is not None or sinks:
+            return KVCache(self.cache_layers, window, sinks, max_len=max_len)
+        rolling = [W if all(self.local_layers[g * share : (g + 1) * share]) else None for g in range(self.cache_layers)]
+        return KVCache(self.cache_layers, max_len=max_len, layer_windows=None if set(rolling) == {None} else rolling)
 
     @property
     def cache_layers(self) -> int:
@@ -436,14 +441,26 @@ class DecoderLM(nn.Module):
             w = W if window is None else min(W, window)
             if block_mask is not None:
                 Bm, Hm = block_mask.shape[:2]
-                local = create_block_mask(and_masks(block_mask.mask_mod, sliding_window(w)), Bm, Hm, L, L,
-                                          device=device, BLOCK_SIZE=block_mask.BLOCK_SIZE)
-                return replace(plan, local=replace(plan, block_mask=local))
-            return replace(plan, local=replace(plan, mask=decode_mask(L, L, w, 0, pad, device=device),
-                                               is_causal=False))
+                bm = create_block_mask(and_masks(block_mask.mask_mod, sliding_window(w)), Bm, Hm, L, L,
+                                       device=device, BLOCK_SIZE=block_mask.BLOCK_SIZE)
+                local = replace(plan, block_mask=bm)
+            else:
+                local = replace(plan, mask=decode_mask(L, L, w, 0, pad, device=device), is_causal=False)
+            plan.local.update((i, local) for i, is_local in enumerate(self.local_layers) if is_local)
+            return plan
         w = W if cache.window is None else min(W, cache.window)
-        mask = decode_mask(L, len(cache) + L, w, cache.sinks, cache.pad, device=device)
-        return replace(plan, local=replace(plan, mask=mask, is_causal=False))
+        made: Dict[int, _Plan] = {}
+        for i in (i for i, is_local in enumerate(self.local_layers) if is_local):
+            held, keys_pad = len(cache), cache.pad
+            if cache.layer_windows is not None:  # this layer's entry may roll alone: its own slots and padding
+                held = cache.held(i // self.options.kv_share)
+                if keys_pad is not None:  # slot 0 holds text index seen - held
+                    keys_pad = (keys_pad - (cache.seen - held)).clamp(min=0)
+            if held not in made:
+                made[held] = replace(plan, mask=decode_mask(L, held + L, w, cache.sinks, keys_pad, device=device),
+                                     is_causal=False)
+            plan.local[i] = made[held]
+        return plan
 
     def _global_plan(self, L: int, cache: Optional[KVCache], window: Optional[int], pad: Optional[torch.Tensor],
                      block_mask: Optional[BlockMask], device: torch.device) -> _Plan:
@@ -471,8 +488,7 @@ class DecoderLM(nn.Module):
         x = self.embed(tokens)  # (B, L) -> (B, L, D)
         weights = [] if need_weights else None
         for i, block in enumerate(self.blocks):
-            x, w = block(x, self.rotary, cache, i, plan.local if self.local_layers[i] else plan, need_weights,
-                         absorbed)
+            x, w = block(x, self.rotary, cache, i, plan.local.get(i, plan), need_weights, absorbed)
             if weights is not None:
                 weights.append(w)
         if cache is not None:
