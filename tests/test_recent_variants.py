@@ -15,7 +15,14 @@ import torch.nn.functional as F
 from attention_core.flex_attention import create_block_mask
 from attention_core.mask_mods import causal
 from attention_core.models.attention_variants import count_parameters, layer_is_local, sink_attention
-from attention_core.models.language_model import DecoderLM, LMConfig, build_language_model, left_pad
+from attention_core.models.language_model import (
+    DecoderLM,
+    LMConfig,
+    build_language_model,
+    feedforward_for_budget,
+    left_pad,
+    parameter_count,
+)
 from attention_core.multihead import kv_cache_bytes
 from attention_core.positional import apply_rotary
 from attention_core.training.checkpoint import load_checkpoint, read_manifest
@@ -353,7 +360,21 @@ def test_entries_read_only_by_local_layers_hold_the_window(options: dict, rollin
     held = [T if w is None else w - 1 for w in rolling]
     assert [cache.held(g) for g in range(model.cache_layers)] == held and len(cache) == max(held)
     per_entry = 2 * model.num_kv_heads * model.head_dim * 4  # float32 keys and values, per token and batch row
-    assert cache.nbytes() == 2 * per_entry * sum(held)
+    assert cache.nbytes() == 2 * per_entry * sum(held) == model.cache_bytes(T, batch=2)
+
+
+@pytest.mark.parametrize("config", [{}, {"kv_share": 2}, {"layer_pattern": "LG", "local_window": 4},
+                                    {"layer_pattern": "LLGG", "local_window": 3, "kv_share": 2}, ALL,
+                                    {"attention": "latent", "kv_latent_dim": 8, "rope_dim": 4, "num_kv_heads": None}])
+@pytest.mark.parametrize("T", [1, 2, 9])
+def test_cache_bytes_is_what_the_cache_holds(config: dict, T: int) -> None:
+    model = variant_model(config)
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(tokens(3, 1), cache)
+        for t in range(1, T):
+            model(tokens(3, 1, seed=t), cache)
+    assert cache.nbytes() == model.cache_bytes(T, batch=3, bytes_per_element=4)
 
 
 def test_a_cache_that_rolls_some_layers_is_checked_and_restored() -> None:
@@ -399,6 +420,19 @@ def test_parameter_counts_of_chapter_11s_model(options: dict, extra: int) -> Non
     base = count_parameters(build_language_model({**CH11, "seed": 0}))
     assert base == 404096  # the shipped shakespeare_char's manifest count
     assert count_parameters(build_language_model({**CH11, "seed": 0, **options})) == base + extra
+
+
+@pytest.mark.parametrize("options", [{"output_gate": True}, {"sink_logits": True}, {"qk_norm": True},
+                                     {"kv_share": 2}, {"layer_pattern": "LG", "local_window": 32}, ALL])
+def test_the_feed_forward_width_matches_a_budget_within_one_percent(options: dict) -> None:
+    budget = parameter_count(CH11)
+    config = {**CH11, **options}
+    state = torch.random.get_rng_state()
+    width = feedforward_for_budget(config, budget)
+    assert torch.equal(state, torch.random.get_rng_state())  # counted on the meta device: nothing drawn
+    gaps = {f: abs(parameter_count({**config, "dim_feedforward": f}) - budget) for f in (width - 1, width, width + 1)}
+    assert gaps[width] == min(gaps.values()) and gaps[width] <= 0.01 * budget
+    assert parameter_count(config) == count_parameters(build_language_model({**config, "seed": 0}))
 
 
 def test_count_parameters_counts_a_tied_weight_once() -> None:

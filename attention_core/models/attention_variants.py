@@ -26,9 +26,10 @@
   a string of ``"L"`` (local: a causal sliding window of ``local_window`` keys, itself included) and ``"G"``
   (global: every earlier key), repeated over the layers (layer ``i`` is ``layer_pattern[i % len]``; Gemma 2 is
   ``"LG"``, Gemma 3 ``"LLLLLG"``). The window is :func:`attention_core.mask_mods.sliding_window` (dense through
-  the decode masks, or a block mask with ``and_masks`` when the call gives one). The model's cache holds every
-  token for every layer; local layers read only the last ``local_window`` of them (the saving in memory that a
-  per-layer rolling cache would give is not taken here).
+  the decode masks, or a block mask with ``and_masks`` when the call gives one). In the model's full cache, an
+  entry that only local layers read rolls on its own (``KVCache(layer_windows=...)``): it keeps
+  ``local_window - 1`` tokens between calls, as a rolling cache does, while the global layers' entries keep every
+  token (a group of shared keys and values with a global layer in it keeps every token too).
 
 :class:`VariantSelfAttention` is the attention of a layer with any of these options; a model with none of them
 keeps :class:`~attention_core.models.language_model.CausalSelfAttention`, so every existing config and

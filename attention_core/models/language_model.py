@@ -27,7 +27,10 @@ A full-sequence call may instead take a ``block_mask``
 
 The attention of every layer is multi-head (``num_kv_heads = num_heads``), grouped-query, multi-query
 (``num_kv_heads = 1``) or multi-head latent attention (``attention="latent"``, DeepSeek-V2: the cache holds a
-latent and a rotary key per token, and decoding reads it in the absorbed form).
+latent and a rotary key per token, and decoding reads it in the absorbed form). Standard attention takes the
+options of recent models (:mod:`attention_core.models.attention_variants`): an output gate, learned sink logits,
+QK-norm, keys and values shared across layers, local/global layers; all are off unless a config names them.
+:func:`parameter_count` and :func:`feedforward_for_budget` count a config's parameters and match a budget.
 
 Sampling (:func:`sample_next_token`, :func:`generate`): greedy (``temperature=0``), temperature, top-k and top-p
 (nucleus), drawn with a seeded ``torch.Generator`` so that a generation repeats exactly. They live in their own
@@ -55,7 +58,12 @@ from attention_core._checks import (
 from attention_core.flex_attention import BlockMask, create_block_mask, flex_attention
 from attention_core.functional import attention
 from attention_core.mask_mods import and_masks, sliding_window
-from attention_core.models.attention_variants import AttentionOptions, VariantSelfAttention, layer_is_local
+from attention_core.models.attention_variants import (
+    AttentionOptions,
+    VariantSelfAttention,
+    count_parameters,
+    layer_is_local,
+)
 from attention_core.models.generation import generate
 from attention_core.models.kv_cache import KVCache, _release_snapshot, cached_causal_mask, decode_mask, rotate_at
 from attention_core.models.latent_attention import LatentSelfAttention
@@ -72,10 +80,12 @@ __all__ = [
     "CausalSelfAttention",
     "build_language_model",
     "cached_causal_mask",
+    "feedforward_for_budget",
     "filter_top_k",
     "filter_top_p",
     "generate",
     "left_pad",
+    "parameter_count",
     "sample_next_token",
 ]
 
@@ -320,6 +330,18 @@ class DecoderLM(nn.Module):
             return a.kv_latent_dim + a.rope_dim
         return 2 * a.num_kv_heads * a.head_dim // self.options.kv_share
 
+    def cache_bytes(self, tokens: int, batch: int = 1, bytes_per_element: int = 4) -> int:
+        """Bytes of keys and values that :meth:`new_cache`'s full cache holds after ``tokens`` tokens: every layer's
+        (or key/value group's) ``tokens``, except the entries only local layers read, which keep at most
+        ``local_window - 1``."""
+        tokens = check_positive_int(tokens, "tokens", allow_zero=True)
+        batch, bytes_per_element = check_positive_int(batch, "batch"), check_positive_int(bytes_per_element,
+                                                                                         "bytes_per_element")
+        windows = self.new_cache().layer_windows or [None] * self.cache_layers
+        held = sum(tokens if w is None else min(tokens, w - 1) for w in windows)
+        per_entry = self.num_layers * self.cache_numbers_per_token() // self.cache_layers
+        return held * per_entry * batch * bytes_per_element
+
     def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, window: Optional[int] = None,
                 need_weights: bool = False, *, pad: Optional[torch.Tensor] = None,
                 block_mask: Optional[BlockMask] = None, absorbed: Optional[bool] = None) -> LMOutput:
@@ -551,6 +573,38 @@ def build_language_model(config: Union[LMConfig, Dict[str, Any]]) -> DecoderLM:
     Raises:
         TypeError: ``config`` is neither, or a dict with a key that is not a field of :class:`LMConfig`.
     """
+    recorded, config, kwargs = _read_config(config)
+    if config.seed is None:
+        model = DecoderLM(**kwargs)
+    else:
+        check_int(config.seed, "config['seed']")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            model = DecoderLM(**kwargs)
+    model.config = recorded
+    return model
+
+
+def parameter_count(config: Union[LMConfig, Dict[str, Any]]) -> int:
+    """Parameters of the model ``config`` builds, each once (the tied read-out with its embedding), counted on the
+    meta device: nothing is allocated and no random number is drawn."""
+    _, _, kwargs = _read_config(config)
+    with torch.device("meta"):
+        return count_parameters(DecoderLM(**kwargs))
+
+
+def feedforward_for_budget(config: Union[LMConfig, Dict[str, Any]], budget: int) -> int:
+    """The ``dim_feedforward`` (>= 1) that brings the model of ``config`` nearest to ``budget`` parameters: the
+    knob a comparison of attention variants turns so that every model has the same budget (the count is linear in
+    it, ``num_layers (2 D + 1)`` per unit)."""
+    budget = check_positive_int(budget, "budget")
+    _, base, _ = _read_config(config)
+    one, two = (parameter_count({**base.to_dict(), "dim_feedforward": f}) for f in (1, 2))
+    return max(1, round((budget - one) / (two - one)) + 1)
+
+
+def _read_config(config: Union[LMConfig, Dict[str, Any]]) -> Tuple[Dict[str, Any], LMConfig, Dict[str, Any]]:
+    """``(the dict a checkpoint records, the LMConfig, DecoderLM's keyword arguments)`` of a config."""
     if isinstance(config, dict):
         unknown = sorted(set(config) - {f.name for f in fields(LMConfig)})
         if unknown:
@@ -565,12 +619,4 @@ def build_language_model(config: Union[LMConfig, Dict[str, Any]]) -> DecoderLM:
     kwargs = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "seed"}
     if kwargs["attention"] is None:
         kwargs["attention"] = "standard"
-    if config.seed is None:
-        model = DecoderLM(**kwargs)
-    else:
-        check_int(config.seed, "config['seed']")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
-            model = DecoderLM(**kwargs)
-    model.config = recorded
-    return model
+    return recorded, config, kwargs
