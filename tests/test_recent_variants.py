@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from attention_core.flex_attention import create_block_mask
 from attention_core.mask_mods import causal
-from attention_core.models.attention_variants import count_parameters, layer_is_local, sink_attention
+from attention_core.models.attention_variants import count_parameters, layer_is_local, local_decode_mask, sink_attention
+from attention_core.models.kv_cache import KVCache
 from attention_core.models.language_model import (
     DecoderLM,
     LMConfig,
@@ -291,6 +292,49 @@ def test_decoding_with_the_cache_equals_recomputation(name: str) -> None:
     assert cache.seen == 16 and cache.num_layers == model.cache_layers
 
 
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_cache_with_sinks_that_evicts_nothing_equals_recomputation(name: str) -> None:
+    """A StreamingLLM cache stores keys before RoPE and rotates them by slot at every step: with room for the
+    whole text the slots are the positions, so it must compute the full model (QK-norm before the cache, the
+    shared keys rotated once per group)."""
+    model = variant_model(VARIANTS[name])
+    text = tokens(2, 12)
+    with torch.no_grad():
+        got = decode(model, text, model.new_cache(window=13, sinks=2))
+        full = model(text).logits
+    assert (got - full).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("sinks,window,W", [(2, 4, 3), (1, 3, 5), (3, 5, 5), (0, 4, 2)])
+def test_a_local_layer_in_a_streaming_cache_reads_its_window_of_the_text(sinks: int, window: int, W: int) -> None:
+    """Decoding token t with StreamingLLM's cache: slot j < sinks holds text index j, the other slots the most
+    recent tokens; a local layer reads the kept keys within W of t in the text."""
+    cache = KVCache(1, window=window, sinks=sinks)
+    for t in range(14):
+        cache.seen = t
+        S = min(t, sinks + window - 1) + 1
+        text = [j if j < sinks else t - (S - 1 - j) for j in range(S)]
+        expected = torch.tensor([[t - text[j] < W and (j < sinks or S - 1 - j < window) for j in range(S)]])
+        assert torch.equal(local_decode_mask(1, S, W, cache), expected), t
+    cache.seen = 0  # a prefill of L tokens: slots are text indices
+    i, j = torch.arange(6)[:, None], torch.arange(6)[None]
+    want = (j <= i) & (i - j < W) & ((j < sinks) | (i - j < window))
+    assert torch.equal(local_decode_mask(6, 6, W, cache), want)
+
+
+def test_every_new_parameter_learns() -> None:
+    model = variant_model(ALL).train()
+    text = tokens(2, 10)
+    loss = F.cross_entropy(model(text[:, :-1]).logits.flatten(0, 1), text[:, 1:].flatten())
+    loss.backward()
+    for name, p in model.named_parameters():
+        if name.endswith(("gate_proj.weight", "sink_logits", "q_norm.weight", "k_norm.weight")):
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    fresh = build_language_model({"vocab_size": V, "d_model": 32, "num_layers": 4, "seed": 0, **ALL})
+    a = fresh.blocks[0].attn
+    assert (a.sink_logits == 0).all() and (a.q_norm.weight == 1).all() and a.gate_proj.weight.std() < 0.05
+
+
 @pytest.mark.parametrize("name", ["gemma2", "gemma3", "sinks", "all"])
 @pytest.mark.parametrize("window", [2, 5])
 def test_decoding_with_a_rolling_cache_equals_windowed_recomputation(name: str, window: int) -> None:
@@ -378,8 +422,6 @@ def test_cache_bytes_is_what_the_cache_holds(config: dict, T: int) -> None:
 
 
 def test_a_cache_that_rolls_some_layers_is_checked_and_restored() -> None:
-    from attention_core.models.kv_cache import KVCache
-
     with pytest.raises(ValueError, match="layer_windows must be a sequence of num_layers = 2"):
         KVCache(2, layer_windows=[3])
     with pytest.raises(ValueError, match="not with window=4"):

@@ -44,14 +44,16 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from attention_core import mask_mods
 from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape, short_repr
 from attention_core.flex_attention import flex_attention
 from attention_core.functional import attention
-from attention_core.models.kv_cache import KVCache, rotate_at
+from attention_core.models.kv_cache import KVCache, decode_mask, decode_mask_mod, rotate_at
 from attention_core.multihead import MultiHeadAttention
 from attention_core.positional import RotaryEmbedding
 
-__all__ = ["AttentionOptions", "VariantSelfAttention", "count_parameters", "layer_is_local", "sink_attention"]
+__all__ = ["AttentionOptions", "VariantSelfAttention", "count_parameters", "layer_is_local", "local_decode_mask",
+           "sink_attention"]
 
 #: The RMSNorm epsilon of the query/key norms (Qwen3's ``rms_norm_eps``).
 QK_NORM_EPS = 1e-6
@@ -141,6 +143,28 @@ def layer_is_local(layer_pattern: Optional[str], layer: int) -> bool:
     return layer_pattern is not None and layer_pattern[layer % len(layer_pattern)] == "L"
 
 
+def local_decode_mask(L: int, S: int, local_window: int, cache: KVCache, pad: Optional[torch.Tensor] = None, *,
+                      device: Optional[torch.device] = None) -> torch.Tensor:
+    """The mask (L, S) or (B, 1, L, S) of a local layer's L new queries over the S keys of its cache entry.
+
+    A local layer reads the keys within ``local_window`` of it in the text, among those the cache keeps: the
+    ``min(local_window, cache.window)`` most recent slots (in a rolling cache, recent slots are consecutive in
+    the text), and, in a StreamingLLM cache (``cache.sinks``), a sink slot ``j`` (text index ``j``) only while the
+    query's text index is less than ``j + local_window``. So a cache that evicts nothing computes the model.
+    """
+    w = local_window if cache.window is None else min(local_window, cache.window)
+    if not cache.sinks:
+        return decode_mask(L, S, w, 0, pad, device=device)
+    first, n_sinks = cache.seen, cache.sinks  # the text index of the first new query; sinks never move
+
+    def near_sink(b, h, q_idx, kv_idx):
+        return (kv_idx < n_sinks) & (first + q_idx - kv_idx < local_window)
+
+    sink_part = mask_mods.and_masks(mask_mods.causal_bottom_right(L, S), near_sink)
+    mod = mask_mods.or_masks(decode_mask_mod(L, S, w, 0, pad), sink_part)
+    return mask_mods.dense_mask(mod, 1, 1, L, S, device=device)[0, 0]  # (1, 1, L, S) -> (L, S)
+
+
 # ------------------------------------------------------------------------------------------------ sinks
 
 
@@ -208,7 +232,9 @@ class VariantSelfAttention(MultiHeadAttention):
 
     Per layer: ``q_proj``, and ``k_proj``/``v_proj`` unless the layer reads another layer's keys and values
     (``kv_owner=False``); ``q_norm``/``k_norm`` (QK-norm), ``gate_proj`` (output gate, D -> Hq E) and
-    ``sink_logits`` (Hq,) when their options are on; ``out_proj``. No biases (as Llama).
+    ``sink_logits`` (Hq,) when their options are on; ``out_proj``. No biases (as Llama). At initialisation the
+    sink logits are 0 (each row's denominator gains ``exp(0) = 1``), the norms' scales 1, and ``gate_proj`` is
+    drawn as every matrix of the model is (N(0, 0.02): gates start near 1/2).
 
     Args:
         embed_dim, num_heads, num_kv_heads: as :class:`attention_core.MultiHeadAttention`.

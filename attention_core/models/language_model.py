@@ -63,6 +63,7 @@ from attention_core.models.attention_variants import (
     VariantSelfAttention,
     count_parameters,
     layer_is_local,
+    local_decode_mask,
 )
 from attention_core.models.generation import generate
 from attention_core.models.kv_cache import KVCache, _release_snapshot, cached_causal_mask, decode_mask, rotate_at
@@ -470,7 +471,6 @@ class DecoderLM(nn.Module):
                 local = replace(plan, mask=decode_mask(L, L, w, 0, pad, device=device), is_causal=False)
             plan.local.update((i, local) for i, is_local in enumerate(self.local_layers) if is_local)
             return plan
-        w = W if cache.window is None else min(W, cache.window)
         made: Dict[int, _Plan] = {}
         for i in (i for i, is_local in enumerate(self.local_layers) if is_local):
             held, keys_pad = len(cache), cache.pad
@@ -479,7 +479,7 @@ class DecoderLM(nn.Module):
                 if keys_pad is not None:  # slot 0 holds text index seen - held
                     keys_pad = (keys_pad - (cache.seen - held)).clamp(min=0)
             if held not in made:
-                made[held] = replace(plan, mask=decode_mask(L, held + L, w, cache.sinks, keys_pad, device=device),
+                made[held] = replace(plan, mask=local_decode_mask(L, held + L, W, cache, keys_pad, device=device),
                                      is_causal=False)
             plan.local[i] = made[held]
         return plan
