@@ -21,6 +21,7 @@ from attention_core.models.language_model import (
     LMConfig,
     build_language_model,
     feedforward_for_budget,
+    generate,
     left_pad,
     parameter_count,
 )
@@ -360,6 +361,17 @@ def test_left_padded_rows_compute_what_they_compute_alone(name: str) -> None:
         alone = [model(torch.cat([r, m])[None]).logits[0] for r, m in ((short, more[0]), (long, more[1]))]
     assert (got[0, 3:] - alone[0]).abs().max() <= 1e-5
     assert (got[1] - alone[1]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["all", "gemma3", "share+local groups"])
+def test_generation_with_and_without_the_cache_agree(name: str) -> None:
+    model = variant_model(VARIANTS[name])
+    prompt = tokens(2, 4)
+    cached = generate(model, prompt, 12, temperature=0.0)
+    assert torch.equal(cached, generate(model, prompt, 12, temperature=0.0, use_cache=False))
+    sampled = [generate(model, prompt, 12, generator=torch.Generator().manual_seed(0), use_cache=c)
+               for c in (True, False)]
+    assert torch.equal(*sampled)
 
 
 def test_a_block_mask_gives_the_dense_answer_and_sinks_refuse_one() -> None:
