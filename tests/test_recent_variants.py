@@ -221,6 +221,18 @@ def test_sink_attention_is_the_softmax_with_one_more_term_in_its_denominator() -
     assert torch.allclose(causal_out, sink_attention(q, k, v, sinks, full_mask, enable_gqa=True)[0], atol=1e-14)
 
 
+def test_sink_attention_checks_its_arguments() -> None:
+    q = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError, match=r"sinks must be \(2,\), one logit per query head"):
+        sink_attention(q, q, q, torch.zeros(3))
+    with pytest.raises(ValueError, match="attn_mask must be a bool mask"):
+        sink_attention(q, q, q, torch.zeros(2), torch.zeros(3, 3))
+    with pytest.raises(TypeError, match="attn_mask must be a torch.Tensor"):
+        sink_attention(q, q, q, torch.zeros(2), [[True]])
+    with pytest.raises(ValueError, match="must be 4-D"):
+        sink_attention(q[0], q, q, torch.zeros(2))
+
+
 def test_qk_norm_makes_the_scores_blind_to_the_scale_of_the_projections() -> None:
     """RMSNorm(c q) = RMSNorm(q) for c > 0 (up to eps): scaling W_Q and W_K by 50 changes nothing with QK-norm,
     and changes the logits without it (the logit growth QK-norm stops, Dehghani et al. 2023)."""

@@ -204,9 +204,12 @@ def sink_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         raise ValueError(f"sinks must be ({Hq},), one logit per query head, of the query's dtype and device "
                          f"({query.dtype} on {query.device}), got {fmt_shape(sinks.shape)} {sinks.dtype} on "
                          f"{sinks.device}")
-    if attn_mask is not None and (attn_mask.dtype != torch.bool or is_causal):
-        raise ValueError("attn_mask must be a bool mask (True = attend), and not given with is_causal=True")
     check_bool_flag(is_causal, "is_causal")
+    if attn_mask is not None:
+        check_tensor(attn_mask, "attn_mask")
+        if attn_mask.dtype != torch.bool or is_causal:
+            raise ValueError(f"attn_mask must be a bool mask (True = attend), not given with is_causal=True; got "
+                             f"{attn_mask.dtype} with is_causal={is_causal}")
     keep = attn_mask
     if is_causal:
         keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()  # (L, S): upper-left, as SDPA's
