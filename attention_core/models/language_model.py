@@ -466,9 +466,9 @@ class DecoderLM(nn.Module):
                 Bm, Hm = block_mask.shape[:2]
                 bm = create_block_mask(and_masks(block_mask.mask_mod, sliding_window(w)), Bm, Hm, L, L,
                                        device=device, BLOCK_SIZE=block_mask.BLOCK_SIZE)
-                local = replace(plan, block_mask=bm)
+                local = replace(plan, block_mask=bm, local={})  # its own (empty) dict: no reference cycle
             else:
-                local = replace(plan, mask=decode_mask(L, L, w, 0, pad, device=device), is_causal=False)
+                local = replace(plan, mask=decode_mask(L, L, w, 0, pad, device=device), is_causal=False, local={})
             plan.local.update((i, local) for i, is_local in enumerate(self.local_layers) if is_local)
             return plan
         made: Dict[int, _Plan] = {}
@@ -480,7 +480,7 @@ class DecoderLM(nn.Module):
                     keys_pad = (keys_pad - (cache.seen - held)).clamp(min=0)
             if held not in made:
                 made[held] = replace(plan, mask=local_decode_mask(L, held + L, W, cache, keys_pad, device=device),
-                                     is_causal=False)
+                                     is_causal=False, local={})
             plan.local[i] = made[held]
         return plan
 
