@@ -335,6 +335,28 @@ def test_a_local_layer_in_a_streaming_cache_reads_its_window_of_the_text(sinks: 
     assert torch.equal(local_decode_mask(6, 6, W, cache), want)
 
 
+def test_a_call_leaves_no_reference_cycle() -> None:
+    """A call's plan carries its keys and values between layers: a cycle would keep them alive until the
+    garbage collector runs."""
+    import gc
+
+    model = variant_model(ALL)
+    text = tokens(2, 8)
+    with torch.no_grad():
+        model(text)
+        model(text[:, :2], model.new_cache())
+        gc.collect()
+        gc.disable()
+        try:
+            model(text)
+            cache = model.new_cache()
+            model(text[:, :4], cache)
+            model(text[:, 4:5], cache)
+            assert gc.collect() == 0
+        finally:
+            gc.enable()
+
+
 def test_every_new_parameter_learns() -> None:
     model = variant_model(ALL).train()
     text = tokens(2, 10)
