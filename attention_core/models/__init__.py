@@ -9,6 +9,8 @@
 - :mod:`~attention_core.models.kv_cache`: its key/value cache (preallocated, rotated keys, left padding) and
   the decode masks built from the mask mods;
 - :mod:`~attention_core.models.latent_attention`: DeepSeek-style multi-head latent attention and its cache;
+- :mod:`~attention_core.models.attention_variants`: the language model's options from recent models (output gate,
+  learned sink logits, QK-norm, cross-layer key/value sharing, local/global layers);
 - :mod:`~attention_core.models.long_context`: a rotary decoder run with every key kept and the offsets clamped.
 - :mod:`~attention_core.models.gated_delta`: the Gated DeltaNet token mixer (the gated delta rule as a layer, with a
   fixed-size decoding state);

@@ -19,6 +19,11 @@ A rolling cache (``window=W``) keeps the ``W - 1`` most recent tokens (plus the 
 calls: the next query brings its own key and sees exactly W. Eviction moves the kept tokens to the front of the
 buffer in place (the buffer never grows past ``sinks + W - 1`` plus one call's tokens).
 
+A full cache may also roll some layers only (``layer_windows``, one window or ``None`` per layer: the local
+layers of a model that interleaves sliding-window and global layers, as Gemma 2 and 3 do). Such a layer keeps its
+``W - 1`` most recent tokens, the others every token: :meth:`KVCache.held` says how many a layer holds, and
+``len(cache)`` is the most any layer holds.
+
 **Left padding** (batched generation of prompts of different lengths): row ``b`` of the first call may start
 with ``pad[b]`` padding tokens. Its positions start at its first real token (position ``t - pad[b]`` for text
 index ``t``), and the key-padding mask keeps every query from reading a padding key. Each row then computes
@@ -32,7 +37,7 @@ form (``mask_mods.dense_mask``) is built where SDPA needs a tensor.
 from __future__ import annotations
 
 import weakref
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -207,16 +212,29 @@ class KVCache:
         max_len: slots to preallocate per layer (a static cache: a call that needs more is refused). ``None``:
             a rolling cache preallocates ``sinks + window`` slots, a full cache the first call's tokens; both grow
             by doubling when a call needs more.
+        layer_windows: a full cache only (no ``window``, no ``sinks``): per layer, ``None`` (keep every token)
+            or W >= 1 (keep the W - 1 most recent between calls, as a rolling cache does).
     """
 
     def __init__(self, num_layers: int, window: Optional[int] = None, sinks: int = 0, *,
-                 max_len: Optional[int] = None) -> None:
+                 max_len: Optional[int] = None, layer_windows: Optional[Sequence[Optional[int]]] = None) -> None:
         self.num_layers = check_positive_int(num_layers, "num_layers")
         self.window = None if window is None else check_positive_int(window, "window")
         self.sinks = check_positive_int(sinks, "sinks", allow_zero=True)
         if self.sinks and self.window is None:
             raise ValueError(f"sinks={sinks} needs a window (a full cache keeps every token anyway)")
         self.max_len = None if max_len is None else check_positive_int(max_len, "max_len")
+        self.layer_windows: Optional[List[Optional[int]]] = None
+        if layer_windows is not None:
+            if isinstance(layer_windows, (str, bytes)) or not isinstance(layer_windows, Sequence) \
+                    or len(layer_windows) != num_layers:
+                raise ValueError(f"layer_windows must be a sequence of num_layers = {num_layers} windows (an int "
+                                 f">= 1 or None each), got {layer_windows!r:.80}")
+            if self.window is not None:
+                raise ValueError(f"layer_windows is for a full cache: not with window={window} (which rolls every "
+                                 "layer already)")
+            self.layer_windows = [None if w is None else check_positive_int(w, f"layer_windows[{i}]")
+                                  for i, w in enumerate(layer_windows)]
         self._k: List[Optional[torch.Tensor]] = [None] * num_layers
         self._v: List[Optional[torch.Tensor]] = [None] * num_layers
         self._len: List[int] = [0] * num_layers
@@ -234,8 +252,12 @@ class KVCache:
         return self.sinks == 0
 
     def __len__(self) -> int:
-        """Tokens held now (per layer)."""
-        return self._len[0]
+        """Tokens held now (per layer; with ``layer_windows``, by the layers that hold the most)."""
+        return self._len[0] if self.layer_windows is None else max(self._len)
+
+    def held(self, layer: int) -> int:
+        """Tokens layer ``layer`` holds now (fewer than ``len(cache)`` for a layer that rolls alone)."""
+        return self._len[layer]
 
     @property
     def keys(self) -> List[Optional[torch.Tensor]]:
@@ -330,6 +352,14 @@ class KVCache:
     def step_done(self, new_tokens: int) -> None:
         """Count ``new_tokens`` as seen and evict what no later query will see (rolling cache only)."""
         self.seen += new_tokens
+        if self.layer_windows is not None:
+            for layer, w in enumerate(self.layer_windows):
+                n = self._len[layer]
+                if w is not None and n > w - 1:  # this layer rolls alone: keep its W - 1 most recent tokens
+                    for buf in (self._k[layer], self._v[layer]):
+                        buf[:, :, : w - 1] = buf[:, :, n - (w - 1) : n].clone()
+                    self._len[layer] = w - 1
+            return
         n = len(self)
         if self.window is None or n <= self.sinks + self.window - 1:
             return
@@ -344,7 +374,7 @@ class KVCache:
 
     def crop(self, n: int) -> None:
         """Keep the first ``n`` tokens only (a full cache; speculative decoding rolls back rejected drafts)."""
-        if self.window is not None:
+        if self.window is not None or (self.layer_windows and any(w is not None for w in self.layer_windows)):
             raise ValueError("crop needs a full cache (a rolling cache has evicted the slots it would return to)")
         n = check_positive_int(n, "n", allow_zero=True)
         if n > len(self):
@@ -373,6 +403,9 @@ class KVCache:
         held = None
         if self.window is not None:
             held = [(k.clone(), v.clone()) if k is not None else None for k, v in zip(self.keys, self.values)]
+        elif self.layer_windows is not None:  # the layers that roll alone move their tokens in place
+            held = [(k.clone(), v.clone()) if k is not None and w is not None else None
+                    for k, v, w in zip(self.keys, self.values, self.layer_windows)]
         snap = CacheSnapshot(self, (list(self._k), list(self._v), list(self._len), self.seen, self.pad, self._pad0,
                                     held))
         self._live.add(snap)

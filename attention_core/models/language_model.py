@@ -27,7 +27,10 @@ A full-sequence call may instead take a ``block_mask``
 
 The attention of every layer is multi-head (``num_kv_heads = num_heads``), grouped-query, multi-query
 (``num_kv_heads = 1``) or multi-head latent attention (``attention="latent"``, DeepSeek-V2: the cache holds a
-latent and a rotary key per token, and decoding reads it in the absorbed form).
+latent and a rotary key per token, and decoding reads it in the absorbed form). Standard attention takes the
+options of recent models (:mod:`attention_core.models.attention_variants`): an output gate, learned sink logits,
+QK-norm, keys and values shared across layers, local/global layers; all are off unless a config names them.
+:func:`parameter_count` and :func:`feedforward_for_budget` count a config's parameters and match a budget.
 
 Sampling (:func:`sample_next_token`, :func:`generate`): greedy (``temperature=0``), temperature, top-k and top-p
 (nucleus), drawn with a seeded ``torch.Generator`` so that a generation repeats exactly. They live in their own
@@ -38,7 +41,7 @@ here; neither imports this module back.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -52,8 +55,16 @@ from attention_core._checks import (
     check_tensor,
     fmt_shape,
 )
-from attention_core.flex_attention import BlockMask, flex_attention
+from attention_core.flex_attention import BlockMask, create_block_mask, flex_attention
 from attention_core.functional import attention
+from attention_core.mask_mods import and_masks, sliding_window
+from attention_core.models.attention_variants import (
+    AttentionOptions,
+    VariantSelfAttention,
+    count_parameters,
+    layer_is_local,
+    local_decode_mask,
+)
 from attention_core.models.generation import generate
 from attention_core.models.kv_cache import KVCache, _release_snapshot, cached_causal_mask, decode_mask, rotate_at
 from attention_core.models.latent_attention import LatentSelfAttention
@@ -70,10 +81,12 @@ __all__ = [
     "CausalSelfAttention",
     "build_language_model",
     "cached_causal_mask",
+    "feedforward_for_budget",
     "filter_top_k",
     "filter_top_p",
     "generate",
     "left_pad",
+    "parameter_count",
     "sample_next_token",
 ]
 
@@ -88,7 +101,9 @@ class _Plan:
     ``positions``: rotation positions of the new tokens, (L,) or (B, L) (``None`` when ``rerotate``);
     ``rerotate``: the cache holds keys before the rotation (sinks) and every key is rotated by its slot;
     ``mask``/``is_causal``: the attention mask (dense, from the mask mods) or SDPA's flag;
-    ``block_mask``: a flex-attention block mask instead (full-sequence calls only).
+    ``block_mask``: a flex-attention block mask instead (full-sequence calls only);
+    ``shared``: each key/value group's keys and values, from the layer that computes them to the layers that
+    reuse them (cross-layer sharing); ``local``: the plan of each local layer (a sliding window), by layer.
     """
 
     positions: Optional[torch.Tensor]
@@ -96,6 +111,8 @@ class _Plan:
     mask: Optional[torch.Tensor]
     is_causal: bool
     block_mask: Optional[BlockMask] = None
+    shared: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    local: Dict[int, _Plan] = field(default_factory=dict)
 
 
 def left_pad(rows: List[torch.Tensor], pad_id: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -184,15 +201,20 @@ class DecoderBlock(nn.Module):
     """Pre-LN decoder block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))`` (GELU feed-forward).
 
     ``attn`` is :class:`CausalSelfAttention` (MHA, GQA, MQA) or, with ``latent=(d_c, d_r)``,
-    :class:`~attention_core.models.latent_attention.LatentSelfAttention` (MLA, head size D / num_heads).
+    :class:`~attention_core.models.latent_attention.LatentSelfAttention` (MLA, head size D / num_heads), or, with
+    ``options`` that change the attention (gate, sink logits, QK-norm, shared keys and values),
+    :class:`~attention_core.models.attention_variants.VariantSelfAttention` for layer ``layer``.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: Optional[int], dim_feedforward: int,
-                 latent: Optional[Tuple[int, int]] = None) -> None:
+                 latent: Optional[Tuple[int, int]] = None, options: Optional[AttentionOptions] = None,
+                 layer: int = 0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        if latent is None:
-            self.attn: nn.Module = CausalSelfAttention(d_model, num_heads, num_kv_heads)
+        if options is not None and options.changes_attention:
+            self.attn: nn.Module = VariantSelfAttention(d_model, num_heads, num_kv_heads, options, layer)
+        elif latent is None:
+            self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads)
         else:
             check_positive_int(num_heads, "num_heads")
             if d_model % num_heads:
@@ -227,12 +249,18 @@ class DecoderLM(nn.Module):
         attention: ``"standard"`` (MHA/GQA/MQA by ``num_kv_heads``) or ``"latent"`` (MLA).
         kv_latent_dim: MLA's d_c, the cached latent's size (``attention="latent"`` only).
         rope_dim: MLA's d_r, the decoupled rotary key's size, even (``attention="latent"`` only).
+        output_gate, sink_logits, qk_norm, kv_share, layer_pattern, local_window: the recent-model options of
+            :mod:`attention_core.models.attention_variants` (output gate, learned sink logits, QK-norm,
+            cross-layer key/value sharing, local/global layers); ``None`` = off (standard attention only).
     """
 
     def __init__(self, vocab_size: int, d_model: int = 128, num_layers: int = 4, num_heads: int = 4,
                  num_kv_heads: Optional[int] = None, dim_feedforward: Optional[int] = None, context: int = 128,
                  max_positions: int = 8192, rope_base: float = 10000.0, attention: str = "standard",
-                 kv_latent_dim: Optional[int] = None, rope_dim: Optional[int] = None) -> None:
+                 kv_latent_dim: Optional[int] = None, rope_dim: Optional[int] = None,
+                 output_gate: Optional[bool] = None, sink_logits: Optional[bool] = None,
+                 qk_norm: Optional[bool] = None, kv_share: Optional[int] = None, layer_pattern: Optional[str] = None,
+                 local_window: Optional[int] = None) -> None:
         super().__init__()
         for name, n in {"vocab_size": vocab_size, "d_model": d_model, "num_layers": num_layers,
                         "context": context, "max_positions": max_positions}.items():
@@ -249,12 +277,16 @@ class DecoderLM(nn.Module):
             latent = (check_positive_int(kv_latent_dim, "kv_latent_dim"), check_positive_int(rope_dim, "rope_dim"))
         elif kv_latent_dim is not None or rope_dim is not None:
             raise ValueError("kv_latent_dim and rope_dim belong to attention='latent'")
+        self.options = AttentionOptions.check(num_layers, attention, output_gate, sink_logits, qk_norm, kv_share,
+                                              layer_pattern, local_window)
         self.vocab_size, self.d_model, self.num_layers, self.context = vocab_size, d_model, num_layers, context
         self.attention = attention
         self.embed = nn.Embedding(vocab_size, d_model)
         self.blocks = nn.ModuleList(
-            DecoderBlock(d_model, num_heads, num_kv_heads, dim_feedforward, latent) for _ in range(num_layers)
+            DecoderBlock(d_model, num_heads, num_kv_heads, dim_feedforward, latent, self.options, i)
+            for i in range(num_layers)
         )
+        self.local_layers = tuple(layer_is_local(layer_pattern, i) for i in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.embed.weight  # tied read-out (GPT-2)
@@ -278,15 +310,38 @@ class DecoderLM(nn.Module):
 
     def new_cache(self, window: Optional[int] = None, sinks: int = 0, max_len: Optional[int] = None) -> KVCache:
         """An empty :class:`KVCache` for this model (full, or rolling with ``window`` and ``sinks``; ``max_len``:
-        preallocate that many slots, a static cache)."""
-        return KVCache(self.num_layers, window, sinks, max_len=max_len)
+        preallocate that many slots, a static cache). A full cache of a model with local layers rolls the entries
+        that only local layers read (``layer_windows``): they hold ``local_window - 1`` tokens between calls."""
+        W, share = self.options.local_window, self.options.kv_share
+        if W is None or window is not None or sinks:
+            return KVCache(self.cache_layers, window, sinks, max_len=max_len)
+        rolling = [W if all(self.local_layers[g * share : (g + 1) * share]) else None for g in range(self.cache_layers)]
+        return KVCache(self.cache_layers, max_len=max_len, layer_windows=None if set(rolling) == {None} else rolling)
+
+    @property
+    def cache_layers(self) -> int:
+        """Entries of the cache: one per layer, or one per group of ``kv_share`` layers that share keys and values."""
+        return self.num_layers // self.options.kv_share
 
     def cache_numbers_per_token(self) -> int:
-        """Numbers the cache holds per token and layer: ``2 H_kv E``, or ``d_c + d_r`` for latent attention."""
+        """Numbers the cache holds per token and layer: ``2 H_kv E`` (``2 H_kv E / kv_share`` when layers share
+        keys and values), or ``d_c + d_r`` for latent attention."""
         a = self.blocks[0].attn
         if self.attention == "latent":
             return a.kv_latent_dim + a.rope_dim
-        return 2 * a.num_kv_heads * a.head_dim
+        return 2 * a.num_kv_heads * a.head_dim // self.options.kv_share
+
+    def cache_bytes(self, tokens: int, batch: int = 1, bytes_per_element: int = 4) -> int:
+        """Bytes of keys and values that :meth:`new_cache`'s full cache holds after ``tokens`` tokens: every layer's
+        (or key/value group's) ``tokens``, except the entries only local layers read, which keep at most
+        ``local_window - 1``."""
+        tokens = check_positive_int(tokens, "tokens", allow_zero=True)
+        batch, bytes_per_element = check_positive_int(batch, "batch"), check_positive_int(bytes_per_element,
+                                                                                         "bytes_per_element")
+        windows = self.new_cache().layer_windows or [None] * self.cache_layers
+        held = sum(tokens if w is None else min(tokens, w - 1) for w in windows)
+        per_entry = self.num_layers * self.cache_numbers_per_token() // self.cache_layers
+        return held * per_entry * batch * bytes_per_element
 
     def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, window: Optional[int] = None,
                 need_weights: bool = False, *, pad: Optional[torch.Tensor] = None,
@@ -360,6 +415,9 @@ class DecoderLM(nn.Module):
                 raise TypeError(f"block_mask must be a BlockMask (create_block_mask), got {type(block_mask).__name__}")
             if cache is not None or window is not None or pad is not None or need_weights:
                 raise ValueError("block_mask is for a full-sequence call: no cache, window, pad or need_weights")
+            if self.options.sink_logits:
+                raise ValueError("block_mask does not take the learned sink logits (sink_logits=True): flex "
+                                 "attention has no sink column; call without block_mask")
             if tuple(block_mask.seq_lengths) != (L, L):
                 raise ValueError(f"block_mask covers {tuple(block_mask.seq_lengths)} but tokens has L = {L}: "
                                  f"build it for ({L}, {L})")
@@ -372,9 +430,10 @@ class DecoderLM(nn.Module):
         if window is not None:
             raise ValueError("window is a property of the cache when a cache is given: build it with "
                              "model.new_cache(window=...)")
-        if cache.num_layers != self.num_layers:
-            raise ValueError(f"cache has num_layers = {cache.num_layers} but the model has {self.num_layers}; "
-                             "build it with model.new_cache()")
+        if cache.num_layers != self.cache_layers:
+            raise ValueError(f"cache has num_layers = {cache.num_layers} but the model caches {self.cache_layers} "
+                             f"layers ({self.num_layers} layers, kv_share = {self.options.kv_share}); build it with "
+                             "model.new_cache()")
         if cache.batch_size is not None and cache.batch_size != tokens.shape[0]:
             raise ValueError(f"tokens has batch size B = {tokens.shape[0]} but the cache holds B = "
                              f"{cache.batch_size} sequences; use one cache per batch (or cache.reset())")
@@ -396,7 +455,37 @@ class DecoderLM(nn.Module):
 
     def _plan(self, L: int, cache: Optional[KVCache], window: Optional[int], pad: Optional[torch.Tensor],
               block_mask: Optional[BlockMask], device: torch.device) -> _Plan:
-        """Positions and mask of a call, shared by every layer."""
+        """Positions and mask of a call, shared by every layer (``local``: the local layers' plan, if any)."""
+        plan = self._global_plan(L, cache, window, pad, block_mask, device)
+        W = self.options.local_window
+        if W is None:
+            return plan
+        if cache is None:  # the local window, within the call's own window if it gives one
+            w = W if window is None else min(W, window)
+            if block_mask is not None:
+                Bm, Hm = block_mask.shape[:2]
+                bm = create_block_mask(and_masks(block_mask.mask_mod, sliding_window(w)), Bm, Hm, L, L,
+                                       device=device, BLOCK_SIZE=block_mask.BLOCK_SIZE)
+                local = replace(plan, block_mask=bm, local={})  # its own (empty) dict: no reference cycle
+            else:
+                local = replace(plan, mask=decode_mask(L, L, w, 0, pad, device=device), is_causal=False, local={})
+            plan.local.update((i, local) for i, is_local in enumerate(self.local_layers) if is_local)
+            return plan
+        made: Dict[int, _Plan] = {}
+        for i in (i for i, is_local in enumerate(self.local_layers) if is_local):
+            held, keys_pad = len(cache), cache.pad
+            if cache.layer_windows is not None:  # this layer's entry may roll alone: its own slots and padding
+                held = cache.held(i // self.options.kv_share)
+                if keys_pad is not None:  # slot 0 holds text index seen - held
+                    keys_pad = (keys_pad - (cache.seen - held)).clamp(min=0)
+            if held not in made:
+                made[held] = replace(plan, mask=local_decode_mask(L, held + L, W, cache, keys_pad, device=device),
+                                     is_causal=False, local={})
+            plan.local[i] = made[held]
+        return plan
+
+    def _global_plan(self, L: int, cache: Optional[KVCache], window: Optional[int], pad: Optional[torch.Tensor],
+                     block_mask: Optional[BlockMask], device: torch.device) -> _Plan:
         if cache is None:
             positions = torch.arange(L, device=device)
             if pad is not None:
@@ -421,7 +510,7 @@ class DecoderLM(nn.Module):
         x = self.embed(tokens)  # (B, L) -> (B, L, D)
         weights = [] if need_weights else None
         for i, block in enumerate(self.blocks):
-            x, w = block(x, self.rotary, cache, i, plan, need_weights, absorbed)
+            x, w = block(x, self.rotary, cache, i, plan.local.get(i, plan), need_weights, absorbed)
             if weights is not None:
                 weights.append(w)
         if cache is not None:
@@ -443,6 +532,9 @@ class LMConfig:
     ``LMConfig(**model.config)`` rebuilds the config a checkpoint stores; ``None`` for ``num_kv_heads`` and
     ``dim_feedforward`` means ``num_heads`` and ``4 * d_model``, for ``seed`` the global generator, for
     ``attention`` ``"standard"`` (``"latent"`` with ``kv_latent_dim`` and ``rope_dim``: multi-head latent attention).
+    The recent-model options (``output_gate``, ``sink_logits``, ``qk_norm``, ``kv_share``, ``layer_pattern`` with
+    ``local_window``; :mod:`attention_core.models.attention_variants`) are off when ``None``, so a config that
+    does not name them, every shipped checkpoint's among them, builds the model it always built.
     """
 
     vocab_size: int
@@ -458,6 +550,12 @@ class LMConfig:
     attention: Optional[str] = None
     kv_latent_dim: Optional[int] = None
     rope_dim: Optional[int] = None
+    output_gate: Optional[bool] = None
+    sink_logits: Optional[bool] = None
+    qk_norm: Optional[bool] = None
+    kv_share: Optional[int] = None
+    layer_pattern: Optional[str] = None
+    local_window: Optional[int] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields that differ from ``None``, as a checkpoint's ``config`` records them."""
@@ -475,6 +573,38 @@ def build_language_model(config: Union[LMConfig, Dict[str, Any]]) -> DecoderLM:
     Raises:
         TypeError: ``config`` is neither, or a dict with a key that is not a field of :class:`LMConfig`.
     """
+    recorded, config, kwargs = _read_config(config)
+    if config.seed is None:
+        model = DecoderLM(**kwargs)
+    else:
+        check_int(config.seed, "config['seed']")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            model = DecoderLM(**kwargs)
+    model.config = recorded
+    return model
+
+
+def parameter_count(config: Union[LMConfig, Dict[str, Any]]) -> int:
+    """Parameters of the model ``config`` builds, each once (the tied read-out with its embedding), counted on the
+    meta device: nothing is allocated and no random number is drawn."""
+    _, _, kwargs = _read_config(config)
+    with torch.device("meta"):
+        return count_parameters(DecoderLM(**kwargs))
+
+
+def feedforward_for_budget(config: Union[LMConfig, Dict[str, Any]], budget: int) -> int:
+    """The ``dim_feedforward`` (>= 1) that brings the model of ``config`` nearest to ``budget`` parameters: the
+    knob a comparison of attention variants turns so that every model has the same budget (the count is linear in
+    it, ``num_layers (2 D + 1)`` per unit)."""
+    budget = check_positive_int(budget, "budget")
+    _, base, _ = _read_config(config)
+    one, two = (parameter_count({**base.to_dict(), "dim_feedforward": f}) for f in (1, 2))
+    return max(1, round((budget - one) / (two - one)) + 1)
+
+
+def _read_config(config: Union[LMConfig, Dict[str, Any]]) -> Tuple[Dict[str, Any], LMConfig, Dict[str, Any]]:
+    """``(the dict a checkpoint records, the LMConfig, DecoderLM's keyword arguments)`` of a config."""
     if isinstance(config, dict):
         unknown = sorted(set(config) - {f.name for f in fields(LMConfig)})
         if unknown:
@@ -489,12 +619,4 @@ def build_language_model(config: Union[LMConfig, Dict[str, Any]]) -> DecoderLM:
     kwargs = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "seed"}
     if kwargs["attention"] is None:
         kwargs["attention"] = "standard"
-    if config.seed is None:
-        model = DecoderLM(**kwargs)
-    else:
-        check_int(config.seed, "config['seed']")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
-            model = DecoderLM(**kwargs)
-    model.config = recorded
-    return model
+    return recorded, config, kwargs

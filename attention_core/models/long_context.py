@@ -92,6 +92,9 @@ def forward_clamped_offsets(model, tokens: torch.Tensor, max_offset: int,  # noq
     bool (L, L) ``attn_mask``) and the rotary offsets clamped at ``max_offset`` (see the module's docstring)."""
     if not isinstance(model, DecoderLM) or not isinstance(model.blocks[0].attn, CausalSelfAttention):
         raise TypeError(f"model must be a DecoderLM with standard (not latent) attention, got {type(model).__name__}")
+    if model.options.any:
+        raise ValueError(f"model has the options {model.options.describe()}: the clamped-offset forward runs the "
+                         "plain standard attention only")
     check_token_ids(tokens, "tokens", model.vocab_size, model.embed.weight.device, (torch.int64, torch.int32))
     check_positive_int(max_offset, "max_offset", allow_zero=True)
     B, L = tokens.shape

@@ -38,6 +38,9 @@ def _check_model(model: object) -> DecoderLM:
     if model.attention != "standard":
         raise ValueError(f"model has attention = {model.attention!r}: the paged engine serves standard "
                          "(MHA/GQA) attention only, whose cache holds keys and values")
+    if model.options.any:
+        raise ValueError(f"model has the options {model.options.describe()}: the paged engine serves the plain "
+                         "standard attention only (no gate, sink logits, QK-norm, shared keys or local layers)")
     return model
 
 
