@@ -6,13 +6,13 @@ device) naming the argument, what was seen and what was expected, before the mod
 
 from __future__ import annotations
 
-from typing import Any, Collection, Dict, Mapping, Optional
+from typing import Any, Collection, Dict, Mapping, Optional, Tuple
 
 import torch
 
 from attention_core._checks import check_module_input, check_tensor, fmt_shape, short_repr
 
-__all__ = ["check_config", "check_images", "check_token_ids"]
+__all__ = ["check_config", "check_images", "check_sequence_input", "check_state_tensors", "check_token_ids"]
 
 
 def check_config(config: object, name: str, required: Collection[str], optional: Collection[str] = ()
@@ -68,3 +68,30 @@ def check_images(images: object, name: str, channels: int, size: tuple, weight: 
         raise ValueError(f"{name} must be (B, {channels}, {size[0]}, {size[1]}), got shape {fmt_shape(images.shape)}")
     check_module_input(images, name, weight)
     return images
+
+
+def check_sequence_input(x: object, name: str, weight: torch.Tensor) -> torch.Tensor:
+    """Return ``x`` if it is a (B, L, D) tensor with D = ``weight.shape[1]`` (an input projection's weight), of
+    that weight's dtype and device; raise otherwise."""
+    check_tensor(x, name)
+    check_module_input(x, name, weight)
+    if x.dim() != 3 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"{name} must be (B, L, D) with D = embed_dim = {weight.shape[1]}, got "
+                         f"{fmt_shape(x.shape)}")
+    return x
+
+
+def check_state_tensors(state: object, name: str, kind: type, shapes: Mapping[str, Tuple[int, ...]],
+                        weight: torch.Tensor) -> None:
+    """Raise unless ``state`` is a ``kind`` whose tensor fields named in ``shapes`` have those shapes and
+    ``weight``'s dtype and device (a layer's carried state or cache, for a batch the shapes already hold)."""
+    if not isinstance(state, kind):
+        article = "an" if kind.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"{name} must be {article} {kind.__name__} or None, got {type(state).__name__}")
+    for field, shape in shapes.items():
+        t = getattr(state, field)
+        check_tensor(t, f"{name}.{field}")
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name}.{field} must have shape {tuple(shape)} for this layer and a batch of "
+                             f"{shape[0]}, got {fmt_shape(t.shape)}")
+        check_module_input(t, f"{name}.{field}", weight)

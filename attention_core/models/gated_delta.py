@@ -35,8 +35,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention_core._checks import check_int, check_module_input, check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import check_int, check_positive_int, check_tensor, fmt_shape
 from attention_core.linear_attention import _gated_delta_chunked, _gated_delta_recurrent
+from attention_core.models._inputs import check_sequence_input, check_state_tensors
 
 __all__ = ["GatedDeltaNet", "GatedDeltaNetState"]
 
@@ -141,26 +142,14 @@ class GatedDeltaNet(nn.Module):
         return self.o_proj((self.o_norm(o) * gate).reshape(B, L, -1))  # (B, L, H Ev) -> (B, L, D)
 
     def _check(self, x: object, state: object) -> None:
-        check_tensor(x, "x")
-        check_module_input(x, "x", self.q_proj.weight)
-        if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
-            raise ValueError(f"x must be (B, L, D) with D = embed_dim = {self.q_proj.in_features}, got "
-                             f"{fmt_shape(x.shape)}")
+        check_sequence_input(x, "x", self.q_proj.weight)
         if state is None:
             return
-        if not isinstance(state, GatedDeltaNetState):
-            raise TypeError(f"state must be a GatedDeltaNetState or None, got {type(state).__name__}")
         B = x.shape[0]
         want = {"S": (B, self.num_heads, self.value_dim, self.head_dim)}
         if self.conv_weight is not None:
             want["conv"] = (B, self.conv_size - 1, self.conv_weight.shape[0])
-        for name, shape in want.items():
-            t = getattr(state, name)
-            check_tensor(t, f"state.{name}")
-            if tuple(t.shape) != shape:
-                raise ValueError(f"state.{name} must have shape {shape} for this layer and a batch of {B}, got "
-                                 f"{fmt_shape(t.shape)}")
-            check_module_input(t, f"state.{name}", self.q_proj.weight)
+        check_state_tensors(state, "state", GatedDeltaNetState, want, self.q_proj.weight)
 
     # -- the public calls
 

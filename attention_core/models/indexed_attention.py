@@ -41,9 +41,10 @@ from typing import Iterator, Optional
 import torch
 import torch.nn as nn
 
-from attention_core._checks import check_bool_flag, check_module_input, check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import check_bool_flag, check_positive_int
 from attention_core.functional import attention
 from attention_core.indexer import causal_allowed, causal_topk_mask, indexer_kl_loss, indexer_scores
+from attention_core.models._inputs import check_sequence_input, check_state_tensors
 
 __all__ = ["IndexedAttention", "IndexedAttentionOutput", "IndexedCache"]
 
@@ -124,25 +125,13 @@ class IndexedAttention(nn.Module):
         return indexer_scores(q / math.sqrt(self.index_dim), index_key, w)  # (B, L, S)
 
     def _check(self, x: object, cache: object) -> None:
-        check_tensor(x, "x")
-        check_module_input(x, "x", self.q_proj.weight)
-        if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
-            raise ValueError(f"x must be (B, L, D) with D = embed_dim = {self.q_proj.in_features}, got "
-                             f"{fmt_shape(x.shape)}")
+        check_sequence_input(x, "x", self.q_proj.weight)
         if cache is None:
             return
-        if not isinstance(cache, IndexedCache):
-            raise TypeError(f"cache must be an IndexedCache or None, got {type(cache).__name__}")
-        B, S = x.shape[0], len(cache)
+        B, S = x.shape[0], len(cache) if isinstance(cache, IndexedCache) else 0
         want = {"key": (B, self.num_heads, S, self.head_dim), "value": (B, self.num_heads, S, self.head_dim),
                 "index_key": (B, S, self.index_dim)}
-        for name, shape in want.items():
-            t = getattr(cache, name)
-            check_tensor(t, f"cache.{name}")
-            if tuple(t.shape) != shape:
-                raise ValueError(f"cache.{name} must have shape {shape} for this layer and a batch of {B}, got "
-                                 f"{fmt_shape(t.shape)}")
-            check_module_input(t, f"cache.{name}", self.q_proj.weight)
+        check_state_tensors(cache, "cache", IndexedCache, want, self.q_proj.weight)
 
     def forward(self, x: torch.Tensor, *, cache: Optional[IndexedCache] = None, dense: bool = False,
                 need_index_loss: bool = False) -> IndexedAttentionOutput:
