@@ -221,7 +221,7 @@ def nadaraya_watson_weights(
 
     Args:
         queries: (L,) or (L, d) floating tensor.
-        keys: (S,) or (S, d) tensor of the same dtype and feature dim ``d``.
+        keys: (S,) or (S, d) tensor of the same dtype and feature dim ``d``, with S >= 1.
         kernel: ``"gaussian"``, ``"boxcar"`` or ``"epanechnikov"`` (the keys of :data:`KERNELS`).
         bandwidth: the width ``h > 0``, a float or a 0-d floating tensor (gradients flow through it).
         attn_mask: optional bool tensor broadcastable to (L, S); ``True`` = the key takes part (the
@@ -278,7 +278,7 @@ def nadaraya_watson(
 
     Args:
         queries: (L,) or (L, d) floating tensor.
-        keys: (S,) or (S, d) tensor of the same dtype and feature dim.
+        keys: (S,) or (S, d) tensor of the same dtype and feature dim, with S >= 1.
         values: (S,) or (S, Ev) tensor of the same dtype, one value per key.
         kernel: ``"gaussian"``, ``"boxcar"`` or ``"epanechnikov"``.
         bandwidth: ``h > 0``, a float or a 0-d floating tensor (gradients flow through it).

@@ -279,7 +279,9 @@ def longformer(window: int, global_tokens: int | torch.Tensor) -> MaskMod:
     read every key and are read by every query.
 
     Args:
-        window: window size (``window // 2`` keys on each side).
+        window: window size (``window // 2`` keys on each side; :func:`attention_core.sparse_patterns.longformer_mod`
+            takes the half-width instead, so ``longformer(2 * w, g)`` is its ``longformer_mod(w, ...)`` without
+            causality).
         global_tokens: an int ``n`` (the first ``n`` positions are global, as a [CLS] token) or a (N,) bool
             tensor, True at the global positions (N >= L and N >= S).
     """
@@ -342,7 +344,8 @@ def soft_cap(cap: float) -> ScoreMod:
 
 
 def relative_position_bias(table: torch.Tensor, max_distance: int) -> ScoreMod:
-    """A learned bias per head and relative position (Shaw et al. 2018; T5 without buckets):
+    """A learned scalar bias per head and relative position, T5's bias without its buckets (Shaw et al. 2018
+    learn relative-position vectors instead, clipped at a maximum distance as here):
     adds ``table[h, clamp(j - i, -max_distance, max_distance) + max_distance]``.
 
     Args:

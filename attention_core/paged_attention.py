@@ -203,8 +203,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
     Raises:
         TypeError: an argument of the wrong type (the message names it).
-        ValueError: a bad value or shape (the message names the argument); ``attention_core.TooLargeError``, a
-            ``ValueError``, when the sequences cannot be read in this device's memory.
+        ValueError: a bad value or shape (the message names the argument); a ``ValueError`` (of the library's
+            ``TooLargeError`` kind) when the sequences cannot be read in this device's memory.
     """
     scale = _check(query, key_cache, value_cache, block_table, seq_lens, scale, path)
     return _paged_attention(query, key_cache, value_cache, block_table, seq_lens, scale, path)

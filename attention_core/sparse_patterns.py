@@ -108,7 +108,11 @@ def _global_table(global_tokens: tuple[int, ...], n: int) -> torch.Tensor:
 
 def longformer_mod(window: int, global_tokens: Sequence[int] = (0,), *, causal: bool = True,
                    max_len: int = 1 << 16) -> MaskMod:
-    """Longformer: ``|i - j| <= window``, or ``i`` or ``j`` a global token. ``max_len`` bounds the positions."""
+    """Longformer: ``|i - j| <= window``, or ``i`` or ``j`` a global token. ``max_len`` bounds the positions.
+
+    ``window`` is the half-width here (``window`` keys on each side), as in chapter 12's pattern tables;
+    :func:`attention_core.mask_mods.longformer` takes the full width (``window // 2`` on each side).
+    """
     w = check_positive_int(window, "window", allow_zero=True)
     g = _check_globals(global_tokens)
     n = check_positive_int(max_len, "max_len")

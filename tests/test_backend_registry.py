@@ -76,3 +76,9 @@ def test_weights_come_from_one_path() -> None:
         assert attention(q, q, q)[1] is None
     with pytest.raises(ValueError, match="need_weights=True runs the 'reference' backend, got backend='torch'"):
         attention(q, q, q, need_weights=True, backend="torch")
+
+
+def test_available_backends_refuses_a_device_it_cannot_read() -> None:
+    with pytest.raises(ValueError, match=r"device must be a torch.device or a device string.*'tpu'"):
+        ac.available_backends("tpu")
+    assert ac.available_backends("cpu") == ac.available_backends(torch.device("cpu"))

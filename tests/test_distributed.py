@@ -411,3 +411,16 @@ def test_shard_dim_errors_name_dim() -> None:
     for bad in (1.5, True, None):
         with pytest.raises(TypeError, match=r"^dim must be an int, got "):
             shard(x, bad)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+def test_a_rank_outside_the_world_is_refused_by_name(layout) -> None:
+    from attention_core.distributed.layout import positions
+
+    for rank in (-1, 2, 5):
+        with pytest.raises(ValueError, match=r"rank must be an int in \[0, world_size\) = \[0, 2\)"):
+            positions(8, 2, rank, layout)
+    with pytest.raises(ValueError, match="world_size must be an int >= 1"):
+        positions(8, 0, 0, layout)
+    with pytest.raises(ValueError, match="L must be an int >= 0"):
+        positions(-1, 2, 0, layout)

@@ -221,6 +221,9 @@ def test_one_cosine_schedule_for_every_recipe() -> None:
     assert cosine_lr(4, lr=2.0, steps=9, min_lr_ratio=0.5) == 2.0 * (0.5 + 0.5 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     with pytest.raises(ValueError, match="warmup >= 0"):
         cosine_lr(0, lr=1.0, steps=3, warmup=-1)
+    for step in (-1, 3, 20):  # a step outside the run has no rate (it used to divide by zero or extrapolate)
+        with pytest.raises(ValueError, match=r"step must be in \[0, steps\) = \[0, 3\)"):
+            cosine_lr(step, lr=1.0, steps=3)
 
 
 def test_the_shared_recipe_command_line(tmp_path):

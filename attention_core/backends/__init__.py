@@ -180,7 +180,13 @@ def available_backends(device: torch.device | str | None = None) -> list[str]:
             ``available_backends("cpu")`` leaves out ``triton`` and ``cuda`` on a GPU machine (they take CUDA
             tensors), and keeps ``triton`` on a CPU under ``TRITON_INTERPRET=1``.
     """
-    kind = None if device is None else torch.device(device).type
+    kind = None
+    if device is not None:
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"device must be a torch.device or a device string such as 'cpu' or 'cuda', got "
+                             f"{device!r} ({err})") from None
     return [name for name, b in _REGISTRY.items() if b.is_available()[0] and (kind is None or b.runs_on(kind))]
 
 

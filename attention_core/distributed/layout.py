@@ -49,6 +49,11 @@ def _bounds(L: int, parts: int) -> List[int]:
 def segments(L: int, world_size: int, rank: int, layout: str) -> List[Segment]:
     """Rank ``rank``'s positions as runs ``(local start, global start, length, stride)``, in local order."""
     check_layout(layout)
+    for name, value, low in (("L", L, 0), ("world_size", world_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, world_size) = [0, {world_size}), got {rank!r}")
     P, r = world_size, rank
     if layout == "contiguous":
         e = _bounds(L, P)

@@ -13,10 +13,13 @@ def cosine_lr(step: int, *, lr: float, steps: int, warmup: int = 0, min_lr_ratio
     in a quick check of a recipe, stays in the warm-up).
 
     Raises:
-        ValueError: ``steps`` < 1, ``warmup`` < 0, ``lr`` <= 0 or ``min_lr_ratio`` outside [0, 1].
+        ValueError: ``steps`` < 1, ``warmup`` < 0, ``step`` outside [0, ``steps``), ``lr`` <= 0 or
+            ``min_lr_ratio`` outside [0, 1].
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps!r}, warmup={warmup!r}")
+    if not 0 <= step < steps:
+        raise ValueError(f"step must be in [0, steps) = [0, {steps}), got {step!r}")
     if not lr > 0 or not 0 <= min_lr_ratio <= 1:
         raise ValueError(f"need lr > 0 and min_lr_ratio in [0, 1], got lr={lr!r}, min_lr_ratio={min_lr_ratio!r}")
     if step < warmup:
