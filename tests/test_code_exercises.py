@@ -512,7 +512,7 @@ EXTRA = {
     "ch10.mean_pool": (CH10, CH10_LIBRARY + [lambda h, m: _LIBRARY_IN_A_DICT["mp"](h, m),
                                             # torch's and sentence-transformers' whole-answer functions
                                             lambda h, m: torch.masked.mean(h, dim=1, mask=m[..., None].expand_as(h)),
-                                            lambda h, m: torch.masked.sum(h * 1.0, dim=1, mask=m[..., None].expand_as(h))
+                                            lambda h, m: torch.masked.sum(h, dim=1, mask=m[..., None].expand_as(h))
                                             / m.sum(1, keepdim=True),
                                             _ch10_st_pooling]),
     "ch11.decode_mask": (CH11, CH11_LIBRARY + [
