@@ -270,6 +270,13 @@ CH10 = [("max-pooled", lambda h, m: h.masked_fill(~m[..., None], NEG_INF).amax(1
         ("mean over features", lambda h, m: (h * m[..., None]).sum(-1) / m.sum(1, keepdim=True))]
 CH10_LIBRARY = [lambda h, m: pretrained.mean_pool(h, m)]
 
+
+def _ch10_st_pooling(h, m):
+    """The reference library's own mean pooling (sentence-transformers' Pooling module)."""
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    return Pooling(h.shape[-1], pooling_mode="mean")({"token_embeddings": h, "attention_mask": m.long()})[
+        "sentence_embedding"]
+
 CH11 = [("float mask", lambda L, S, w: own._decode(L, S, w).float()),
         ("transposed (S, L)", lambda L, S, w: own._decode(L, S, w).T),
         ("window None crashes", lambda L, S, w: own._decode(L, S, w) & (torch.arange(S) > S - 1 - w))]
@@ -502,7 +509,12 @@ EXTRA = {
     "ch07.rope": (CH07, [lambda x, p: apply_rotary(x, p), _ch07_captured]),
     "ch08.causal_attention": (CH08, CH08_LIBRARY),
     "ch09.merge_partials": (CH09, []),
-    "ch10.mean_pool": (CH10, CH10_LIBRARY + [lambda h, m: _LIBRARY_IN_A_DICT["mp"](h, m)]),
+    "ch10.mean_pool": (CH10, CH10_LIBRARY + [lambda h, m: _LIBRARY_IN_A_DICT["mp"](h, m),
+                                            # torch's and sentence-transformers' whole-answer functions
+                                            lambda h, m: torch.masked.mean(h, dim=1, mask=m[..., None].expand_as(h)),
+                                            lambda h, m: torch.masked.sum(h, dim=1, mask=m[..., None].expand_as(h))
+                                            / m.sum(1, keepdim=True),
+                                            _ch10_st_pooling]),
     "ch11.decode_mask": (CH11, CH11_LIBRARY + [
         lambda L, S, w: _LIBRARY_IN_A_DICT["cm"](L, S, w),
         lambda L, S, w: (masks.causal_mask(S) if w is None else masks.sliding_window_mask(S, w))[S - L:]]),

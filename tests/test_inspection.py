@@ -75,6 +75,21 @@ def test_gradient_x_input_is_first_order_exact_for_a_linear_score(tiny: BertEnco
         gradient_x_input(tiny, ids, mask, lambda out: out.last_hidden_state)
 
 
+def test_gradient_x_input_on_word_vectors_is_minus_the_position_and_segment_term(tiny: BertEncoder) -> None:
+    """The embedding LayerNorm ignores scale: grad . (e + p + s) = 0, so a_i = -grad . (p_i + s_i)."""
+    ids = torch.tensor([[1, 5, 6, 2]])
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    w = torch.randn(TINY.hidden_size, generator=torch.Generator().manual_seed(1))
+    score = lambda out: (mean_pool(out.last_hidden_state, mask) @ w).sum().tanh()  # noqa: E731 - non-linear
+    attributions, _ = gradient_x_input(tiny, ids, mask, score)
+    emb = tiny.embeddings.word_embeddings(ids).detach().requires_grad_()
+    score(tiny(inputs_embeds=emb, attention_mask=mask)).backward()
+    ps = (tiny.embeddings.position_embeddings.weight[:4] + tiny.embeddings.token_type_embeddings.weight[0]).detach()
+    torch.testing.assert_close(attributions[0], -(emb.grad[0] * ps).sum(-1), atol=1e-5, rtol=1e-4)
+    assert attributions.abs().max() > 1e-4  # not trivially zero
+    tiny.zero_grad(set_to_none=True)
+
+
 def test_head_explorer_summary_and_static_version(tiny: BertEncoder) -> None:
     ids = torch.tensor([[1, 5, 6, 2]])
     out = tiny(ids, need_weights=True)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from attention_core.booktools.code_checks import FunctionSpec, Mistake
@@ -13,6 +15,12 @@ from attention_core.booktools.exercises_common import (
 )
 
 __all__ = ["build"]
+
+
+#: torch's own masked reductions compute the answer whole (``torch.masked.mean(h, 1, mask=...)``).
+TORCH_MASKED_MEAN = ("torch.masked.mean", "torch.masked.sum")
+#: the reference library's mean pooling (the module all-MiniLM-L6-v2 ends with), when it is installed.
+ST_POOLING = "sentence_transformers.sentence_transformer.modules.pooling.Pooling.forward"
 
 
 def _pool_reference(hidden, mask):
@@ -40,7 +48,8 @@ def build() -> FunctionSpec:
             (T([[[1.0, 2.0], [3.0, 6.0]], [[5.0, 7.0], [9.0, 9.0]]], dtype=f64), T([[True, True], [True, False]])),
             (T([[[-2.0, 0.5, 3.0]]], dtype=f64), T([[True]])),  # one token
         ),
-        unavailable=("attention_core.pretrained.mean_pool", "attention_core.models.bert.mean_pool"),
+        unavailable=("attention_core.pretrained.mean_pool", "attention_core.models.bert.mean_pool", *TORCH_MASKED_MEAN,
+                     *((ST_POOLING,) if importlib.util.find_spec("sentence_transformers") is not None else ())),
         forbidden_modules=("attention_core.pretrained", "attention_core.models", "attention_core.sentences"),
         task="to write the masked mean yourself",
         mistakes=(
@@ -54,5 +63,7 @@ def build() -> FunctionSpec:
                     lambda h, mask: (h * m(h, ~mask)).sum(1) / m(h, ~mask).sum(1)),
             Mistake("keep the counts as a (B, 1) column (keepdim) so that they divide each sentence's row.",
                     lambda h, mask: (h * m(h, mask)).sum(1) / mask.sum(1)),
+            Mistake("return the mean itself: the scaling to length 1 comes after the pooling, not inside it.",
+                    lambda h, mask: torch.nn.functional.normalize((h * m(h, mask)).sum(1) / m(h, mask).sum(1), dim=-1)),
         ),
     )

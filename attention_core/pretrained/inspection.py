@@ -113,8 +113,11 @@ def gradient_x_input(
     """Gradient x input on the word embeddings: how much each token's word vector moves a scalar score.
 
     ``a_i = sum_d (d score / d e_id) e_id`` where ``e_i`` is token ``i``'s word embedding (before positions
-    and LayerNorm are added). A first-order estimate of the score change if the word vector were removed;
-    positive values push the score up.
+    and LayerNorm are added); positive values push the score up. Caution: in BERT the sum ``e_i + p_i + s_i``
+    (word, position, segment) goes straight into a LayerNorm, which ignores the scale of its input, so the
+    gradient is orthogonal to that sum and ``a_i`` equals ``-(d score / d e_i) . (p_i + s_i)`` exactly: it
+    says more about the position than about the word, and is no estimate of removing ``e_i`` (chapter 10
+    uses leave-one-out instead).
 
     Args:
         model: the encoder (put in eval mode by the caller; its parameters get no gradient).
