@@ -303,8 +303,8 @@ def _forward_query_tile(t: _Tiles, buf: _Scratch, views: _TileViews, h0: int, h1
         m_new = torch.maximum(m, m_new, out=m_new)  # ...and the running one, (hb, n, 1)
         p = t.exp_(s.sub_(m_new))  # (hb, n, bs), exp2 in place: the scores are not needed again
         alpha = t.exp_(torch.sub(m, m_new, out=alpha))  # rescales what was summed under the old max
-        denom = torch.addcmul(torch.sum(p, dim=-1, keepdim=True, out=rowsum), denom, alpha, out=denom)
-        acc.mul_(alpha).baddbmm_(p, v)  # acc * alpha + (hb, n, bs) @ (hb, bs, Ev)
+        denom = torch.addcmul(p.sum(dim=-1, keepdim=True), denom, alpha, out=denom)  # l * alpha + rowsum(p)
+        acc.mul_(alpha).baddbmm_(p, t.v[h0:h1, s0:s1])  # acc * alpha + (hb, n, bs) @ (hb, bs, Ev)
         m, m_new = m_new, m  # the new max becomes the running one; the old one's buffer is reused
         if fix_max and (t.mask is None or bool((m > lowest).all())):  # no mask: every row has seen key 0
             fixed = True
