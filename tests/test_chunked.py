@@ -191,3 +191,56 @@ def test_rejects_non_canonical_layout():
     q, k, v = (t[0] for t in inputs())
     with pytest.raises(ValueError, match="4-D"):
         chunked_attention(q, k, v)
+
+
+def _count(rec, name):
+    return sum(op == name for op, _ in rec.ops)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_forward_fixes_the_max_after_the_first_key_tile(is_causal):
+    # Without a mask every row sees key 0, so after the first key tile the max is fixed: one row max per query
+    # tile, not one per tile (the later tiles skip the max and the rescale), and the output is still exact.
+    q, k, v = inputs(B=1, Hq=2, H=1, L=64, S=64, E=4, Ev=3)
+    with _Recorder() as rec:
+        got = chunked_attention(q, k, v, is_causal=is_causal, enable_gqa=True, block_q=16, block_k=16)
+    tiles = 1 + 2 + 3 + 4 if is_causal else 16
+    assert _count(rec, "bmm") == tiles  # each tile's scores computed once: no query tile was redone
+    assert _count(rec, "amax") == 4  # one per query tile
+    torch.testing.assert_close(got, _ref(q, k, v, None, is_causal, True), atol=1e-12, rtol=1e-12)
+
+
+def test_forward_fixes_the_max_once_every_row_has_seen_a_key():
+    # The first key tile is hidden from every row: the max is tracked until the second tile, then fixed; no row's
+    # reference is the "lowest" start value (it would overflow every sum, and the query tile would be redone).
+    q, k, v = inputs(B=1, Hq=1, H=1, L=8, S=24, E=4, Ev=3)
+    mask = torch.ones(1, 1, 8, 24, dtype=torch.bool)
+    mask[..., :8] = False
+    with _Recorder() as rec:
+        got = chunked_attention(q, k, v, mask, block_q=8, block_k=8)
+    assert _count(rec, "bmm") == 3 and _count(rec, "amax") == 2
+    torch.testing.assert_close(got, _ref(q, k, v, mask, False, False), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 200.0), (torch.float64, 1000.0)])
+def test_a_later_score_far_above_the_fixed_max_is_redone_exactly(dtype, big):
+    # Key 2's score is `big` (natural units) above the first tile's max: exp2 of it overflows the fixed-max sums
+    # (float32 past 2^128, float64 past 2^1024), so the query tile is redone with the max tracked tile by tile.
+    q = torch.ones(1, 1, 1, 1, dtype=dtype, requires_grad=True)
+    k = torch.tensor([0.0, 0.5, big], dtype=dtype).view(1, 1, 3, 1).requires_grad_()
+    v = torch.tensor([1.0, 2.0, 3.0], dtype=dtype).view(1, 1, 3, 1).requires_grad_()
+    with _Recorder() as rec:
+        out = chunked_attention(q, k, v, scale=1.0, block_q=1, block_k=1)
+    assert _count(rec, "bmm") == 3 + 3  # three tiles, twice
+    torch.testing.assert_close(out, _ref_scaled(q, k, v, 1.0))
+    out.backward(torch.ones_like(out))
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    _ref_scaled(q, k, v, 1.0).backward(torch.ones_like(out))
+    for got, t in zip(grads, (q, k, v)):
+        torch.testing.assert_close(got, t.grad)
+
+
+def _ref_scaled(q, k, v, scale):
+    return reference_attention(q, k, v, None, 0.0, False, scale, False)

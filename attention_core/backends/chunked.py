@@ -7,11 +7,23 @@ rescale them whenever a new tile raises the max:
     m_new = max(m, rowmax(s))      p = exp(s - m_new)      alpha = exp(m - m_new)
     l     = l * alpha + rowsum(p)  acc = acc * alpha + p @ v_tile          out = acc / l
 
+The max need not be the exact one: ``m`` cancels in ``acc / l``, and all it has to do is keep ``exp(s - m)``
+from overflowing. So, on a CPU, once every row of a query tile has seen a key, its max so far stays fixed for
+the remaining key tiles, and they skip the row max, ``alpha`` and the rescale::
+
+    p = exp(s - m)                 l = l + rowsum(p)                       acc = acc + p @ v_tile
+
+The subtraction ``s - m`` happens inside the score product: the query tile carries ``-m`` as one more column
+and the keys a column of ones, ``[q, -m] . [k, 1] = q . k - m``. A later score more than about 127 (base-2
+units) above the fixed max would overflow a sum; one check per query tile catches that, and the query tile is
+redone with the max tracked tile by tile.
+
 Exponentials are taken base 2, as in FlashAttention and the Triton tutorial: ``log2(e)`` is folded into the
 score scale once per query tile, so ``exp(x) = exp2(x * log2(e))`` costs no extra pass, and ``exp2`` is the
-cheaper instruction (torch's ``exp2_`` takes a fraction of the time of ``exp_`` on x86 CPUs). The running max
-and the log-sum-exp live in base-2 units inside the loops (natural units when a float mask is added: see
-``_Tiles``); ``lse`` is stored in natural units.
+cheaper instruction (measured in ``benchmarks/NOTES.md``: torch's ``exp2_`` takes a fraction of the time of
+``exp_`` on an AMD EPYC; on an Intel Xeon ``exp_`` is faster until its results underflow, past about -87, and
+then dozens of times slower). The running max and the log-sum-exp live in base-2 units inside the loops
+(natural units when a float mask is added: see ``_Tiles``); ``lse`` is stored in natural units.
 
 The backward recomputes each tile's probabilities from the saved log-sum-exp ``lse = m + log(l)``
 (``p = exp(s - lse)``), as FlashAttention-2 does, so neither pass holds more than one tile of scores at a
@@ -27,14 +39,16 @@ measurements are in ``benchmarks/NOTES.md``), as PyTorch's own C++ kernel does:
 
 - **One (batch, kv-head) at a time** (one per torch thread). Each tile of scores then belongs to one head
   and, at the default (256, 512), takes 512 KiB: it stays in the core's L2 cache (1 MiB or more on Intel
-  Xeons since Skylake-SP and AMD EPYCs since Zen 4) during the four passes over it (max, subtract, exp2,
-  sum) and the P @ V product. A tile of all eight heads at once would be 4 MiB, and every pass would stream
-  it from the slower L3. With several threads, each operation splits its work head by head, so every
-  thread's tile stays in its own core's cache. Short sequences, whose tiles are small, stack more heads in
-  one step, so that every round of Python calls still moves a full tile's worth of numbers.
+  Xeons since Skylake-SP and AMD EPYCs since Zen 4) during the passes over it (exp2 and sum, and before
+  the max is fixed also max and subtract) and the P @ V product. A tile of all eight heads at once would
+  be 4 MiB, and every pass would stream it from the slower L3. With several threads, each operation splits
+  its work head by head, so every thread's tile stays in its own core's cache. Short sequences, whose tiles
+  are small, stack more heads in one step, so that every round of Python calls still moves a full tile's
+  worth of numbers.
 - **No allocation inside the loops.** The tile's buffers are allocated once per call and every operation
   writes into them (``out=``, in-place ``sub_``, ``exp2_``, ``baddbmm_``): each tile lands in memory the
-  previous tile just used, which is still in cache, and the allocator stays out of the inner loop.
+  previous tile just used, which is still in cache, and the allocator stays out of the inner loop. The views
+  of a step's key tiles are made once and reused by all its query tiles.
 - **Causal tiles end at the diagonal.** A query tile visits the key tiles up to its own last row, and the
   one tile the diagonal crosses takes its mask as a slice of one band made once per call.
 
@@ -105,7 +119,6 @@ class _Tiles:
         self.q = query.to(dt).reshape(B * H, self.G, L, E)  # (B, Hq, L, E) -> (B*H, G, L, E)
         self.k = key.to(dt).reshape(B * H, S, E)  # (B, H, S, E) -> (B*H, S, E)
         self.v = value.to(dt).reshape(B * H, S, value.shape[-1])  # (B, H, S, Ev) -> (B*H, S, Ev)
-        self.k_t = self.k.transpose(1, 2)  # (B*H, S, E) -> (B*H, E, S), a view: K^T for the score products
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(dt)
         elif attn_mask is not None:
@@ -154,14 +167,37 @@ class _Tiles:
         out.view(h1 - h0, self.G, r1 - r0, x.shape[-1]).copy_(x[h0:h1, :, r0:r1])  # (hb, G*bl, D) as (hb, G, bl, D)
         return out
 
+    @staticmethod
+    def with_ones(x: torch.Tensor, h0: int, h1: int, out: torch.Tensor) -> torch.Tensor:
+        """``x[h0:h1]`` (hb, S, D) with a column of ones, into ``out`` (hb, S, D + 1), transposed: (hb, D + 1, S).
+
+        The query tiles carry one more column too, which holds minus a value per row (a reference max, the
+        log-sum-exp), so one product gives the scores *minus* that value: [q, -c] . [k, 1] = q . k - c. The
+        subtraction costs one more step of the product's inner loop (E -> E + 1) instead of a pass of its own over
+        the (rows, keys) tile. One step of heads at a time, so the copy stays in cache.
+        """
+        out[..., :-1].copy_(x[h0:h1])
+        out[..., -1:].fill_(1.0)
+        return out.transpose(1, 2)
+
     def query_tile(self, h0: int, h1: int, r0: int, r1: int, out: torch.Tensor) -> torch.Tensor:
-        """Like :meth:`stack_rows` for the queries, scaled by ``scale2`` on the way: (hb, G*bl, E)."""
-        torch.mul(self.q[h0:h1, :, r0:r1], self.scale2, out=out.view(h1 - h0, self.G, r1 - r0, -1))
+        """Like :meth:`stack_rows` for the queries, scaled by ``scale2`` on the way, into ``out``: (hb, G*bl, E), or
+        (hb, G*bl, E + 1) with a last column (minus what :meth:`scores` subtracts from each row) of 0."""
+        E = self.q.shape[-1]
+        rows = out.view(h1 - h0, self.G, r1 - r0, out.shape[-1])  # (hb, G*bl, E') as (hb, G, bl, E')
+        torch.mul(self.q[h0:h1, :, r0:r1], self.scale2, out=rows[..., :E])
+        if out.shape[-1] > E:
+            rows[..., E:].zero_()
         return out
 
-    def scores(self, q_tile, h0: int, h1: int, r0: int, r1: int, s0: int, s1: int, out) -> torch.Tensor:
-        """Masked scores of one tile in the tiles' units (q_tile carries ``scale2``), written into ``out``."""
-        s = torch.bmm(q_tile, self.k_t[h0:h1, :, s0:s1], out=out)  # (hb, G*bl, E) @ (hb, E, bs) -> (hb, G*bl, bs)
+    def scores(self, q_tile, k_t, h0: int, h1: int, r0: int, r1: int, s0: int, s1: int, out) -> torch.Tensor:
+        """Masked scores of one tile in the tiles' units (q_tile carries ``scale2``), written into ``out``; ``k_t`` is
+        the tile's keys, transposed, (hb, E, bs), or from :meth:`with_ones`, (hb, E + 1, bs): then each row's
+        score is minus the value in q_tile's last column (a reference max, the log-sum-exp)."""
+        s = torch.bmm(q_tile, k_t, out=out)  # (hb, n, E [+ 1]) @ (hb, E [+ 1], bs) -> (hb, n, bs)
+        diagonal = self.is_causal and s1 - 1 > r0  # the tile crosses the diagonal
+        if self.mask is None and not diagonal:
+            return s
         s4 = s.view(h1 - h0, self.G, r1 - r0, s1 - s0)  # (hb, G*bl, bs) -> (hb, G, bl, bs)
         if self.mask is not None:
             m = self.mask_tile(h0, h1, r0, r1, s0, s1)  # broadcastable to (hb, G, bl, bs)
@@ -169,7 +205,7 @@ class _Tiles:
                 s4.masked_fill_(m, _NEG_INF)  # m is True where a key is hidden
             else:
                 s4.add_(m)  # an additive mask: the scores are in natural units here (see ``natural``)
-        if self.is_causal and s1 - 1 > r0:  # the tile crosses the diagonal: hide keys j > i
+        if diagonal:  # hide keys j > i
             c0 = s0 - r0 + self.keys  # (self.keys is the band's bk)
             s4.masked_fill_(self.band[: r1 - r0, c0 : c0 + s1 - s0], _NEG_INF)  # (bl, bs), broadcast
         return s
@@ -196,40 +232,93 @@ def _mask_5d(mask: torch.Tensor, H: int, G: int) -> torch.Tensor:
     return mask.reshape(Bm, H, G, Lm, Sm)  # (Bm, Hq, Lm, Sm) -> (Bm, H, G, Lm, Sm)
 
 
+class _TileViews:
+    """Key tile [s0, s1) of a step's tensors, each sliced once per step: ``views(s0, s1)`` -> one view per tensor.
+
+    Keyword arguments name the tensors and where their keys are: ``k_t`` (hb, D, S) on the last dim, the others
+    (hb, S, D) on dim 1. The query tiles of a step visit the same key tiles; their views are made once.
+    """
+
+    def __init__(self, **tensors: torch.Tensor):
+        self.tensors = tensors
+        self.cache: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+
+    def __call__(self, s0: int, s1: int) -> tuple[torch.Tensor, ...]:
+        views = self.cache.get((s0, s1))
+        if views is None:
+            views = self.cache[s0, s1] = tuple(x[:, :, s0:s1] if name.endswith("_t") else x[:, s0:s1]
+                                                for name, x in self.tensors.items())
+        return views
+
+
 def _forward_tiles(t: _Tiles, out: torch.Tensor, lse: torch.Tensor) -> None:
     """Fill ``out`` (B*H, G, L, Ev) and ``lse`` (B*H, G, L, 1), one step of heads and one query tile at a time."""
     E, Ev = t.q.shape[-1], t.v.shape[-1]
     n_max = t.heads * t.rows  # rows of the largest tile
-    buf = _Scratch(t.q, q=n_max * E, s=n_max * t.keys, acc=n_max * Ev, m=n_max, m_new=n_max, alpha=n_max, l=n_max)
+    buf = _Scratch(t.q, k=t.heads * t.S * (E + 1), q=n_max * (E + 1), s=n_max * t.keys, acc=n_max * Ev, m=n_max,
+                   m_new=n_max, alpha=n_max, l=n_max, rowsum=n_max)
+    # The fixed max (see _forward_query_tile) reads one number back per query tile (did a sum overflow?). On a
+    # CPU that costs nothing; an accelerator would make the host wait, and a fake tensor (shapes only, as
+    # torch.compile traces with) has no number to read: there the max is tracked tile by tile.
+    fix_max = t.q.device.type == "cpu" and type(t.q) is torch.Tensor
+    for h0, h1 in t.head_steps():
+        k_t = t.with_ones(t.k, h0, h1, buf.take("k", h1 - h0, t.S, E + 1))  # (hb, E + 1, S)
+        views = _TileViews(k_t=k_t, v=t.v[h0:h1])  # the step's key tiles, sliced once for all its query tiles
+        for r0 in range(0, t.L, t.block_q):
+            r1 = min(r0 + t.block_q, t.L)
+            if not _forward_query_tile(t, buf, views, h0, h1, r0, r1, out, lse, fix_max):
+                _forward_query_tile(t, buf, views, h0, h1, r0, r1, out, lse, fix_max=False)  # it overflowed: redo
+
+
+def _forward_query_tile(t: _Tiles, buf: _Scratch, views: _TileViews, h0: int, h1: int, r0: int, r1: int,
+                        out: torch.Tensor, lse: torch.Tensor, fix_max: bool) -> bool:
+    """Rows [r0, r1) of heads [h0, h1) of ``out`` and ``lse``, over all their key tiles.
+
+    The running max only has to keep ``exp2(s - m)`` from overflowing; it need not be the exact max. With
+    ``fix_max``, once every row has seen a key, its max so far is kept as the reference for the remaining key
+    tiles: they skip the max, the rescale and, the reference being subtracted inside the score product, the
+    subtraction. A later score more than about 127 above the reference would overflow a sum; then nothing is
+    written and False is returned, and the caller redoes the tile with the max tracked tile by tile.
+    """
+    E, Ev = t.q.shape[-1], t.v.shape[-1]
+    hb, n = h1 - h0, t.G * (r1 - r0)  # query rows of this tile: the G heads that share a kv-head, stacked
+    q_tile = t.query_tile(h0, h1, r0, r1, buf.take("q", hb, n, E + 1))  # (hb, n, E + 1), times scale2, then 0
     # The running max starts at the lowest finite number, not at -inf: for a row whose keys are all hidden so
     # far, s - m is then -inf - lowest = -inf and exp2 gives 0, where -inf - (-inf) would give NaN.
     lowest = torch.finfo(t.dtype).min
-    for h0, h1 in t.head_steps():
-        hb = h1 - h0
-        for r0 in range(0, t.L, t.block_q):
-            r1 = min(r0 + t.block_q, t.L)
-            n = t.G * (r1 - r0)  # query rows of this tile: the G heads that share a kv-head, stacked
-            q_tile = t.query_tile(h0, h1, r0, r1, buf.take("q", hb, n, E))  # (hb, n, E), times scale2
-            m, m_new = buf.take("m", hb, n, 1).fill_(lowest), buf.take("m_new", hb, n, 1)  # running max
-            denom = buf.take("l", hb, n, 1).zero_()  # running denominator, "l" in the papers
-            acc = buf.take("acc", hb, n, Ev).zero_()  # running numerator
-            alpha = buf.take("alpha", hb, n, 1)
-            for s0, s1 in t.key_tiles(r0, r1):
-                s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))  # (hb, n, bs)
-                torch.amax(s, dim=-1, keepdim=True, out=m_new)  # the tile's row max...
-                m_new = torch.maximum(m, m_new, out=m_new)  # ...and the running one, (hb, n, 1)
-                p = t.exp_(s.sub_(m_new))  # (hb, n, bs), exp2 in place: the scores are not needed again
-                alpha = t.exp_(torch.sub(m, m_new, out=alpha))  # rescales what was summed under the old max
-                denom = torch.addcmul(p.sum(dim=-1, keepdim=True), denom, alpha, out=denom)  # l * alpha + rowsum(p)
-                acc.mul_(alpha).baddbmm_(p, t.v[h0:h1, s0:s1])  # acc * alpha + (hb, n, bs) @ (hb, bs, Ev)
-                m, m_new = m_new, m  # the new max becomes the running one; the old one's buffer is reused
-            dead = denom == 0  # fully masked rows: output 0; lse = +inf makes the backward's exp(s - lse) = 0
-            denom.masked_fill_(dead, 1.0)
-            shape = (hb, t.G, r1 - r0)
-            torch.div(acc.view(*shape, Ev), denom.view(*shape, 1), out=out[h0:h1, :, r0:r1])  # (hb, G, bl, Ev)
-            lse_tile = (m + denom.log()) if t.natural else (m + denom.log2()) * _LN2  # (hb, n, 1), natural units
-            lse_tile.masked_fill_(dead, float("inf"))
-            lse[h0:h1, :, r0:r1] = lse_tile.view(*shape, 1)  # (hb, n, 1) -> (hb, G, bl, 1)
+    m, m_new = buf.take("m", hb, n, 1).fill_(lowest), buf.take("m_new", hb, n, 1)  # running max
+    denom = buf.take("l", hb, n, 1).zero_()  # running denominator, "l" in the papers
+    acc = buf.take("acc", hb, n, Ev).zero_()  # running numerator
+    alpha, rowsum = buf.take("alpha", hb, n, 1), buf.take("rowsum", hb, n, 1)
+    fixed = False  # True once the max is fixed: q_tile's last column then holds -m
+    for s0, s1 in t.key_tiles(r0, r1):
+        k_t, v = views(s0, s1)  # (hb, E + 1, bs), (hb, bs, Ev)
+        s = t.scores(q_tile, k_t, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))  # (hb, n, bs)
+        if fixed:  # s is already s - m
+            p = t.exp_(s)  # (hb, n, bs), exp2 in place
+            denom.add_(torch.sum(p, dim=-1, keepdim=True, out=rowsum))  # l + rowsum(p)
+            acc.baddbmm_(p, v)  # acc + (hb, n, bs) @ (hb, bs, Ev)
+            continue
+        torch.amax(s, dim=-1, keepdim=True, out=m_new)  # the tile's row max...
+        m_new = torch.maximum(m, m_new, out=m_new)  # ...and the running one, (hb, n, 1)
+        p = t.exp_(s.sub_(m_new))  # (hb, n, bs), exp2 in place: the scores are not needed again
+        alpha = t.exp_(torch.sub(m, m_new, out=alpha))  # rescales what was summed under the old max
+        denom = torch.addcmul(p.sum(dim=-1, keepdim=True), denom, alpha, out=denom)  # l * alpha + rowsum(p)
+        acc.mul_(alpha).baddbmm_(p, t.v[h0:h1, s0:s1])  # acc * alpha + (hb, n, bs) @ (hb, bs, Ev)
+        m, m_new = m_new, m  # the new max becomes the running one; the old one's buffer is reused
+        if fix_max and (t.mask is None or bool((m > lowest).all())):  # no mask: every row has seen key 0
+            fixed = True
+            torch.neg(m, out=q_tile[..., E:])  # from now on, scores() gives s - m
+    if fixed and not math.isfinite(acc.sum() + denom.sum()):  # an overflow (or a NaN or inf in the inputs)
+        return False
+    dead = denom == 0  # fully masked rows: output 0; lse = +inf makes the backward's exp(s - lse) = 0
+    denom.masked_fill_(dead, 1.0)
+    shape = (hb, t.G, r1 - r0)
+    torch.div(acc.view(*shape, Ev), denom.view(*shape, 1), out=out[h0:h1, :, r0:r1])  # (hb, G, bl, Ev)
+    lse_tile = (m + denom.log()) if t.natural else (m + denom.log2()) * _LN2  # (hb, n, 1), natural units
+    lse_tile.masked_fill_(dead, float("inf"))
+    lse[h0:h1, :, r0:r1] = lse_tile.view(*shape, 1)  # (hb, n, 1) -> (hb, G, bl, 1)
+    return True
 
 
 def _backward_tiles(
@@ -248,7 +337,7 @@ def _backward_tiles(
     for h0, h1 in t.head_steps():
         hb = h1 - h0
         k, dk_h, dv_h = t.k[h0:h1], dk[h0:h1], dv[h0:h1]  # (hb, S, E), (hb, S, E), (hb, S, Ev)
-        v_t = t.v[h0:h1].transpose(1, 2)  # (hb, S, Ev) -> (hb, Ev, S), a view
+        views = _TileViews(k_t=k.transpose(1, 2), v_t=t.v[h0:h1].transpose(1, 2), k=k, dk=dk_h, dv=dv_h)
         for r0 in range(0, t.L, t.block_q):
             r1 = min(r0 + t.block_q, t.L)
             n = t.G * (r1 - r0)
@@ -258,13 +347,14 @@ def _backward_tiles(
             delta_tile = t.stack_rows(delta, h0, h1, r0, r1, buf.take("delta", hb, n, 1))  # (hb, n, 1)
             dq_tile = buf.take("dq", hb, n, E).zero_()  # (hb, n, E)
             for s0, s1 in t.key_tiles(r0, r1):
-                s = t.scores(q_tile, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))
+                k_t, v_t, k_s, dk_s, dv_s = views(s0, s1)  # (hb, E, bs), (hb, Ev, bs), (hb, bs, E), .., (hb, bs, Ev)
+                s = t.scores(q_tile, k_t, h0, h1, r0, r1, s0, s1, out=buf.take("s", hb, n, s1 - s0))
                 p = t.exp_(s.sub_(lse_tile))  # (hb, n, bs), recomputed from the saved log-sum-exp
-                dv_h[:, s0:s1].baddbmm_(p.transpose(1, 2), do_tile)  # += (hb, bs, n) @ (hb, n, Ev)
-                dp = torch.bmm(do_tile, v_t[:, :, s0:s1], out=buf.take("dp", hb, n, s1 - s0))  # (hb, n, bs)
+                dv_s.baddbmm_(p.transpose(1, 2), do_tile)  # += (hb, bs, n) @ (hb, n, Ev)
+                dp = torch.bmm(do_tile, v_t, out=buf.take("dp", hb, n, s1 - s0))  # (hb, n, bs)
                 ds = dp.sub_(delta_tile).mul_(p)  # (hb, n, bs): dS = P * (dP - delta)
-                dq_tile.baddbmm_(ds, k[:, s0:s1])  # += (hb, n, bs) @ (hb, bs, E)
-                dk_h[:, s0:s1].baddbmm_(ds.transpose(1, 2), q_tile)  # += (hb, bs, n) @ (hb, n, E), q * scale2
+                dq_tile.baddbmm_(ds, k_s)  # += (hb, n, bs) @ (hb, bs, E)
+                dk_s.baddbmm_(ds.transpose(1, 2), q_tile)  # += (hb, bs, n) @ (hb, n, E), q * scale2
             shape = (hb, t.G, r1 - r0, E)
             torch.mul(dq_tile.view(shape), t.scale, out=dq[h0:h1, :, r0:r1])  # (hb, n, E) -> (hb, G, bl, E)
     if not t.natural:
