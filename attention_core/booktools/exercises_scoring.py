@@ -87,6 +87,7 @@ def build() -> FunctionSpec:
             (T([[2.0]]), T([[False]])),  # length 1, masked
             (T([[2.0]]), T([[True]])),  # length 1, kept
             (T([[-3e9, 0.0, 1.0]]), T([[True, False, False]])),  # a kept score below -1e9: a finite wall leaks
+            (T([[0.0, 300.0, 0.0]]), T([[False, False, False]])),  # all masked, far apart: an added -1e9 keeps them so
         ),
         unavailable=("attention_core.masked_softmax", "attention_core.functional.masked_softmax",
                      "attention_core.backends.reference.softmax_with_mask", *TORCH_ATTENTION,
