@@ -102,12 +102,12 @@ def causal_topk_mask(scores: torch.Tensor, k: int, *, offset: int = 0) -> torch.
 
     Query ``t`` sits at position ``offset + t`` and may read keys ``s <= offset + t`` (``offset = S - L`` when the
     queries are the last ``L`` of ``S`` tokens, as in decoding). Of those it keeps the ``min(k, offset + t + 1)``
-    of largest score (ties broken by :func:`torch.topk`); a key after the query is never selected, whatever its
+    of largest score (ties broken by ``torch.topk``); a key after the query is never selected, whatever its
     score. Every query keeps at least one key (``k >= 1``).
 
     Args:
         scores: (..., L, S) floating, e.g. :func:`indexer_scores` (a NaN counts as the largest score, as in
-            :func:`torch.topk`).
+            ``torch.topk``).
         k: keys per query, >= 1.
         offset: the position of query 0, >= 0, with ``offset + L <= S``.
     """

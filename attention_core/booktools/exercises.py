@@ -343,7 +343,7 @@ class ValueCheck(StaticTwin, widgets.VBox):
     box states one of them; ``rtol`` and ``atol`` are then not used (the static twin checks the same way).
     ``mistakes``: the wrong values a reader plausibly reaches, each with the hint that names that mistake, as
     ``[(value, hint), ...]`` or as that list's JSON encoded by :func:`encode_text` (a chapter writes it encoded,
-    since a mistake's value often gives the answer away); a wrong answer within :data:`MISTAKE_RTOL` of one gets
+    since a mistake's value often gives the answer away); a wrong answer within ``MISTAKE_RTOL`` (relative) of one gets
     its hint, any other wrong answer the general ``hint``.
 
     Attributes:

@@ -320,7 +320,8 @@ class DecoderLM(nn.Module):
 
     @property
     def cache_layers(self) -> int:
-        """Entries of the cache: one per layer, or one per group of ``kv_share`` layers that share keys and values."""
+        """How many entries the cache holds, one per layer or one per group of ``kv_share`` layers that share keys
+        and values."""
         return self.num_layers // self.options.kv_share
 
     def cache_numbers_per_token(self) -> int:

@@ -53,7 +53,7 @@ class TrainRecipe:
         class MyRecipe(TrainRecipe, steps=400, batch_size=64, lr=3e-3):
             width: int = 32
 
-    (:meth:`__init_subclass__`: each stays keyword-only, of the type declared here; an unknown name is refused).
+    (``__init_subclass__``: each stays keyword-only, of the type declared here; an unknown name is refused).
     """
 
     name: str
