@@ -252,7 +252,7 @@ def test_a_box_names_the_known_mistake_a_value_matches() -> None:
 _CH05_WEIGHT_TRIES = {"0.119": 'weight on "bat"', ".1192": 'weight on "bat"', "0.76": "1/sqrt(3) still in",
                       "0.760": "1/sqrt(3) still in", "0.5": 'row of "bat"', "0.667": "divides each score",
                       "2/3": "divides each score", "0.982": "softmax of 4 against 0",
-                      "0.3": "raw dot products", "0.12": "raw dot products"}
+                      "0.3": "raw dot products", "0.12": 'weight on "bat"', "0.1": "raw dot products"}
 
 
 def _chapter_box(stem: str, label: str):
@@ -316,3 +316,56 @@ def test_the_page_names_the_same_known_mistake_as_the_kernel() -> None:
     for typed, said in zip(inputs, page):
         kernel = box.evaluate(typed).lstrip("\u2717\u2713 ")
         assert said.strip() == kernel, (typed, said, kernel)
+
+
+def _exact_and_rounded_boxes():
+    """Two boxes with known mistakes close to their answers, and what each typed value must get: a mistake's hint
+    ("m..."), the general hint ("general") or a right answer ("right")."""
+    from attention_core.booktools import exercises
+
+    exact = exercises.ValueCheck("count", encode_answer(3_001_000), exact=True, hint="general",
+                                 mistakes=[(3_000_000, "m-three-million"), (3_003_000, "m-3003")])
+    exact_tries = {"3,000,000": "m-three-million", "3e6": "m-three-million", "3,003,000": "m-3003",
+                   "3,002,000": "general", "2,999,000": "general", "3,004,000": "general", "3,001,000": "right"}
+    third = exercises.ValueCheck("w", encode_answer(0.665), digits=3, hint="general", mistakes=[(0.6667, "m-2/3")])
+    third_tries = {"0.667": "m-2/3", "0.6667": "m-2/3", "2/3": "m-2/3", "0.666": "general",
+                   "0.67": "general", "0.668": "general", "0.665": "right", "0.6650": "right"}
+    return [(exact, exact_tries), (third, third_tries)]
+
+
+def _said(said: str) -> str:
+    said = said.strip().lstrip("\u2717\u2713 ")
+    return "right" if said.startswith("Correct") else said.removeprefix("Not yet. ")
+
+
+def test_a_mistake_is_matched_at_the_digits_typed_not_a_fixed_window() -> None:
+    """A known mistake's hint meets only that mistake written to the digits typed: never a near-right answer
+    beside it (3,002,000 beside 3,001,000 and 3,003,000; 0.666 beside 0.665 and 2/3), nor a value that is the
+    answer rounded as well (0.67)."""
+    from attention_core.booktools import exercises
+
+    for box, tries in _exact_and_rounded_boxes():
+        for typed, want in tries.items():
+            assert _said(box.evaluate(typed)) == want, (box.name, typed, box.evaluate(typed))
+    with pytest.raises(ValueError, match="accepted by this box"):
+        exercises.ValueCheck("w", encode_answer(0.665), digits=3, mistakes=[(0.6654, "rounds to the answer")])
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the site's script")
+def test_the_page_matches_mistakes_as_the_kernel_does() -> None:
+    import html as html_lib
+    import json
+    import subprocess
+
+    boxes = _exact_and_rounded_boxes()
+    cases = []
+    for box, tries in boxes:
+        markup = box.static_html()
+        attrs = dict(re.findall(r'data-(answer|why)="([^"]*)"', markup))
+        cases.append({"answer": html_lib.unescape(attrs["answer"]), "why": attrs["why"],
+                      "script": re.search(r"<script>(.*)</script>", markup, flags=re.S)[1], "inputs": list(tries)})
+    pages = json.loads(subprocess.run(["node", "-e", _NODE_HARNESS], capture_output=True, text=True, check=True,
+                                      timeout=60, input=json.dumps(cases)).stdout)
+    for (box, tries), page in zip(boxes, pages):
+        for (typed, want), said in zip(tries.items(), page):
+            assert _said(said) == want, (box.name, typed, said)

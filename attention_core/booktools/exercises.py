@@ -302,9 +302,30 @@ def _label(name: str, precision: str) -> str:
     return f"{name} {precision}"
 
 
-#: A wrong answer within this relative distance of a box's known mistake gets that mistake's hint (the page's
-#: script uses the same bound): "1.34" and "1.342" both match 1.3422.
-MISTAKE_RTOL = 5e-3
+def _written_half(value: float) -> float:
+    """Half a unit of the last digit of ``value`` as written (its shortest repr): 0.6667 -> 5e-5, 1280.0 -> 5."""
+    text = repr(float(value))
+    last = _last_place(text[:-2] if text.endswith(".0") else text)
+    return 0.5 * 10.0**last * (1 + 1e-9) if last is not None else 0.0
+
+
+def _is_mistake(x: float, typed: str, value: float, expected: float) -> bool:
+    """Whether the wrong answer ``typed`` (value ``x``) is the known mistake ``value``: the value itself (up to
+    float rounding of the text); for a decimal typed, the value rounded at the last digit typed, with at least
+    two significant digits ("1.34" and "1.342" are 1.3422; "1" could be many things) and not also the answer
+    rounded there (then it tells nothing apart); for a fraction typed ("2/3"), one that rounds to the value as
+    the chapter wrote it (0.6667). The page's script applies the same test."""
+    if not math.isfinite(x):
+        return False
+    if abs(x - value) <= 1e-9 * max(1.0, abs(value)):
+        return True
+    last = _last_place(typed) if isinstance(typed, str) else None
+    if last is None:
+        return abs(x - value) <= _written_half(value)
+    if x == 0 or math.floor(math.log10(abs(x))) - last + 1 < 2:
+        return False
+    half = 0.5 * 10.0**last
+    return abs(x - value) <= half * (1 + 1e-9) and abs(x - expected) > half * (1 + 1e-9)
 
 
 def _read_mistakes(mistakes: str | Sequence[tuple[float, str]]) -> list[tuple[float, str]]:
@@ -343,8 +364,13 @@ class ValueCheck(StaticTwin, widgets.VBox):
     box states one of them; ``rtol`` and ``atol`` are then not used (the static twin checks the same way).
     ``mistakes``: the wrong values a reader plausibly reaches, each with the hint that names that mistake, as
     ``[(value, hint), ...]`` or as that list's JSON encoded by :func:`encode_text` (a chapter writes it encoded,
-    since a mistake's value often gives the answer away); a wrong answer within ``MISTAKE_RTOL`` (relative) of one gets
-    its hint, any other wrong answer the general ``hint``.
+    since a mistake's value often gives the answer away); a wrong answer that is one of them, or one rounded at the
+    last digit typed (two significant digits at least), gets its hint, any other wrong answer the general
+    ``hint``. A mistake the box would accept as right is refused.
+
+    Raises:
+        ValueError: a precision stated twice or not valid, a mistake that is not (a finite number, a hint), or one
+            within the box's tolerance of the answer.
 
     Attributes:
         answer: the ``Text`` widget the reader types into.
@@ -375,6 +401,10 @@ class ValueCheck(StaticTwin, widgets.VBox):
             rtol = 0.0
             self.roundings = _coarser_roundings(self._expected, digits, decimals, exact)
             self.precision_said = name[name.rindex("(") + 1 : name.rindex(")")]  # "to 3 decimal places", "exact"
+        for value, _ in self.mistakes:
+            if check(value, self._expected, rtol=rtol, atol=atol):
+                raise ValueError(f"mistakes: {value!r} is accepted by this box as the answer; give mistakes the box "
+                                 "tells apart from it")
         if isinstance(explanation, str) and explanation.startswith("act1:"):  # written encoded (encode_text)
             explanation = decode_text(explanation)
         self.encoded, self.name, self.rtol, self.atol = answer, name, rtol, atol
@@ -401,7 +431,7 @@ class ValueCheck(StaticTwin, widgets.VBox):
         if rounded is not None:  # the method is right: say what differs, not a mistake the reader did not make
             return rounded_message(rounded, self.precision_said)
         for value, hint in self.mistakes:  # a known mistake: name it
-            if math.isfinite(x) and abs(x - value) <= MISTAKE_RTOL * abs(value):
+            if _is_mistake(x, answer, value, self._expected):
                 return f"{NOT_YET}. {hint}".strip()
         return f"{NOT_YET}. {self.hint}".strip()
 
@@ -409,7 +439,8 @@ class ValueCheck(StaticTwin, widgets.VBox):
         """The kernel-free version for the rendered site: a number box checked in the browser."""
         return answer_box_html(self.name, self.encoded, rtol=self.rtol, atol=self.atol,
                                explanation=self.explanation, hint=self.hint, roundings=self.roundings,
-                               precision=self.precision_said, mistakes=self.mistakes).markup
+                               precision=self.precision_said,
+                               mistakes=[(v, h, _written_half(v)) for v, h in self.mistakes]).markup
 
     def _on_click(self, _button: Any = None) -> None:
         message = self.evaluate(self.answer.value)

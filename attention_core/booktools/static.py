@@ -211,23 +211,25 @@ def rounded_message(rounded: str, precision: str) -> str:
 
 def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: float = 1e-6, explanation: str = "",
                     hint: str = "", roundings: Sequence[Tuple[float, str]] = (), precision: str = "",
-                    mistakes: Sequence[Tuple[float, str]] = ()) -> HTML:
+                    mistakes: Sequence[Tuple[float, str, float]] = ()) -> HTML:
     """A number box checked in the browser against an answer that stays hidden.
 
     ``encoded`` is the answer as :func:`attention_core.booktools.exercises.encode_answer` writes it (base64 of
     the number's text, reversed); the page decodes it only to compare (``|x - e| <= atol + rtol*|e|``). The
     explanation, shown once the answer is right, is stored the same way. ``roundings`` (``(unit, text)``, finest
     first) and ``precision`` (what the box checks): a wrong value that is the answer rounded to a coarser unit is
-    told so, as the kernel's box tells it, instead of the hint. ``mistakes`` (``(value, hint)``): a wrong value
-    within a relative 5e-3 of one gets its hint instead of the general one, as in the kernel's box (stored
-    encoded like the explanation, since a mistake's value can give the answer away).
+    told so, as the kernel's box tells it, instead of the hint. ``mistakes`` (``(value, hint, half)``, ``half`` half a unit of
+    the value's last written digit): a wrong value that is one, one rounded at the last digit typed (two
+    significant digits at least, and not also the answer rounded there), or a fraction within ``half`` of one,
+    gets its hint instead of the general one, as in the kernel's box (stored encoded like
+    the explanation, since a mistake's value can give the answer away).
     """
     told = {text: rounded_message(text, precision) for _, text in roundings}
     if not isinstance(encoded, str) or not encoded.startswith("ac1:"):
         raise ValueError(f"encoded: expected an answer made by encode_answer ('ac1:...'), got {encoded!r}")
     uid = _uid("answer", prompt, encoded)
     why = base64.b64encode(explanation.encode()).decode()[::-1]
-    known = base64.b64encode(json.dumps([[v, h] for v, h in mistakes]).encode()).decode()[::-1] if mistakes else ""
+    known = base64.b64encode(json.dumps([[v, h, w] for v, h, w in mistakes]).encode()).decode()[::-1] if mistakes else ""
     markup = f"""<div class="ac-answer" id="{uid}" data-answer="{html.escape(encoded)}" data-why="{why}">
 <label>{html.escape(prompt)} <input type="text" inputmode="decimal" class="ac-answer-input" style="width:8em"></label>
 <button type="button" class="ac-answer-check">Check</button>
@@ -261,7 +263,12 @@ def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: floa
     }}
     var known = {json.dumps(known)} ? JSON.parse(unhide({json.dumps(known)})) : [], because = {json.dumps(hint)};
     for (var j = 0; !ok && rounded === null && isFinite(x) && j < known.length; j++) {{  // a known mistake
-      if (Math.abs(x - known[j][0]) <= 5e-3 * Math.abs(known[j][0])) {{ because = known[j][1]; break; }}
+      var v = known[j][0], half = last === null ? 0 : 0.5 * Math.pow(10, last);
+      var sig = last === null || x === 0 ? 0 : Math.floor(Math.log10(Math.abs(x))) - last + 1;
+      if (Math.abs(x - v) <= 1e-9 * Math.max(1, Math.abs(v)) || (last === null && Math.abs(x - v) <= known[j][2])
+          || (sig >= 2 && Math.abs(x - v) <= half * (1 + 1e-9) && Math.abs(x - e) > half * (1 + 1e-9))) {{
+        because = known[j][1]; break;
+      }}
     }}
     out.textContent = ok ? " Correct. " + unhide(root.dataset.why)
       : (rounded !== null ? " " + rounded : " Not yet. " + because);
