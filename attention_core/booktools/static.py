@@ -218,8 +218,8 @@ def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: floa
     the number's text, reversed); the page decodes it only to compare (``|x - e| <= atol + rtol*|e|``). The
     explanation, shown once the answer is right, is stored the same way. ``roundings`` (``(unit, text)``, finest
     first) and ``precision`` (what the box checks): a wrong value that is the answer rounded to a coarser unit is
-    told so, as the kernel's box tells it, instead of the hint. ``mistakes`` (``(value, hint, half)``, ``half`` half a unit of
-    the value's last written digit): a wrong value that is one, one rounded at the last digit typed (two
+    told so, as the kernel's box tells it, instead of the hint. ``mistakes`` (``(value, hint, half)``, ``half``
+    half a unit of the value's last written digit): a wrong value that is one, one rounded at the last digit typed (two
     significant digits at least, and not also the answer rounded there), or a fraction within ``half`` of one,
     gets its hint instead of the general one, as in the kernel's box (stored encoded like
     the explanation, since a mistake's value can give the answer away).
@@ -229,7 +229,8 @@ def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: floa
         raise ValueError(f"encoded: expected an answer made by encode_answer ('ac1:...'), got {encoded!r}")
     uid = _uid("answer", prompt, encoded)
     why = base64.b64encode(explanation.encode()).decode()[::-1]
-    known = base64.b64encode(json.dumps([[v, h, w] for v, h, w in mistakes]).encode()).decode()[::-1] if mistakes else ""
+    known = json.dumps([[v, h, w] for v, h, w in mistakes])
+    known = base64.b64encode(known.encode()).decode()[::-1] if mistakes else ""
     markup = f"""<div class="ac-answer" id="{uid}" data-answer="{html.escape(encoded)}" data-why="{why}">
 <label>{html.escape(prompt)} <input type="text" inputmode="decimal" class="ac-answer-input" style="width:8em"></label>
 <button type="button" class="ac-answer-check">Check</button>
