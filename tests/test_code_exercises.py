@@ -11,6 +11,7 @@ the exercise asks for, and the library is whole again afterwards.
 
 from __future__ import annotations
 
+import importlib
 import dataclasses
 import json
 import math
@@ -450,6 +451,25 @@ def _ch01_window(q, k, h):
     return (q[:, None] - k[None, :]).abs() <= h  # (L, S) bool: True = inside the window
 
 
+@torch.jit.script
+def _scripted_causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # compiled before the check
+
+
+_TRACED_CAUSAL_SDPA = torch.jit.trace(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                      (torch.randn(4, 3),) * 3)
+
+
+def _flex_eager(name):  # torch's FlexAttention in eager Python (its higher-order op's math path), causal
+    hop = importlib.import_module("torch._higher_order_ops.flex_attention")
+
+    def run(q, k, v):
+        out = getattr(hop, name)(q[None, None], k[None, None], v[None, None], lambda s, b, h, m, n: s,
+                                 (lambda b, h, m, n: m >= n,), q.shape[-1] ** -0.5, {})
+        return out[0][0, 0]
+    return run
+
+
 ROUTES = {
     # zero scores with the window as the mask: any attention function takes the window's mean
     "ch01.boxcar_nw": [lambda q, k, v, h: ac.attention_weights(q[:, None], k[:, None], attn_mask=_ch01_window(q, k, h),
@@ -476,7 +496,10 @@ ROUTES = {
                               lambda q, k, v: exercises_self_attention._causal(q, k, v),
                               # chapter 18's simulated kernel in float32: the library's answer from another room
                               lambda q, k, v: lp.simulate_attention(q[None], k[None], v[None],
-                                                                    is_causal=True).out[0]],
+                                                                    is_causal=True).out[0],
+                              # TorchScript compiled before the check: its SDPA is called from C++
+                              _scripted_causal_sdpa, lambda q, k, v: _TRACED_CAUSAL_SDPA(q, k, v),
+                              _flex_eager("math_attention"), _flex_eager("sdpa_dense")],
     "ch06.causal_multi_head": [lambda *a: exercises_multi_head._mha(*a)],
     "ch07.rope": [_ch07_private_rotation, lambda x, p: exercises_positional._rope(x, p)],
     "ch09.merge_partials": [lambda *a: exercises_at_scale._merge(*a)],

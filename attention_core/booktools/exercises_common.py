@@ -24,13 +24,18 @@ NEG_INF = float("-inf")
 #: asks for a softmax or an attention to be written by hand.
 ATTENTION_MODULES = ("attention_core.functional", "attention_core.backends", "attention_core.multihead",
                      "attention_core.flex_attention", "attention_core.paged_attention", "attention_core.models",
-                     "attention_core.low_precision", "attention_core.distributed")
+                     "attention_core.low_precision", "attention_core.distributed",
+                     # torch's eager FlexAttention in Python (its math_attention and sdpa_dense take a mask_mod)
+                     "torch._higher_order_ops.flex_attention")
 #: torch's private attention operators (the ``aten::_scaled_dot_product_*`` family on ``torch.ops.aten``): each
 #: returns the whole answer as its first output. The same C functions are bound in torch's own namespace too.
 _PRIVATE_SDPA = ("_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps",
                  "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                 "_scaled_dot_product_fused_attention_overrideable", "_triton_scaled_dot_attention")
+                 "_scaled_dot_product_fused_attention_overrideable", "_triton_scaled_dot_attention",
+                 # the fused GPU kernels under SDPA (a Colab GPU runs them; causal is one of their arguments)
+                 "_efficient_attention_forward", "_flash_attention_forward",
+                 "_flash_attention_forward_no_dropout_inplace")
 TORCH_ATEN_SDPA = tuple(f"torch.ops.aten.{name}" for name in _PRIVATE_SDPA if hasattr(torch.ops.aten, name))
 #: torch's multi-head attention written whole: the fused operator behind ``nn.MultiheadAttention``'s fast path
 #: (projections, heads, attention and output projection in one call), under both of its names.

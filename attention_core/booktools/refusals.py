@@ -106,6 +106,7 @@ def unavailable(spec: attention_core.booktools.code_checks.FunctionSpec,
         # whose code lives in a forbidden file (what the hook refuses in the threads it sees)
         codes.update(_swap_codes(saved, spec, _module_functions(files)))
         hook = _refuse_banned_code(codes, files, builtins, spec)
+        saved.extend(_refuse_torchscript(spec))
         sys.setprofile(hook)
         threading.setprofile(hook)  # threads started while the reader's function runs
         every_thread = getattr(threading, "setprofile_all_threads", None)  # Python 3.12+: running threads too
@@ -124,6 +125,26 @@ def unavailable(spec: attention_core.booktools.code_checks.FunctionSpec,
                 owner[attr] = obj
             else:
                 setattr(owner, attr, obj)
+
+
+def _refuse_torchscript(spec: Any) -> list[tuple[Any, str, Any]]:
+    """Make calling a TorchScript function or method (``torch.jit.script`` or ``trace``, compiled before the
+    check or during it) refuse, and return what to restore. Compiled code calls torch's operators from C++,
+    where neither a patched name nor the profile hook sees which it calls: a scripted SDPA would pass."""
+    jit = getattr(sys.modules.get("torch"), "_C", None)
+    saved = []
+    for cls in (getattr(jit, "ScriptFunction", None), getattr(jit, "ScriptMethod", None)):
+        if cls is None:
+            continue
+        saved.append((cls, "__call__", cls.__dict__["__call__"]))
+
+        def refuse(*_args: Any, _spec: Any = spec, **_kwargs: Any) -> Any:
+            raise NotForThisExercise(
+                f"TorchScript is not available while your {_spec.name} runs: its compiled code calls torch's "
+                f"operators where this check cannot see which. Write {_spec.name} in plain PyTorch.")
+
+        cls.__call__ = refuse
+    return saved
 
 
 def _operator_functions(path: str, obj: Any) -> dict[int, str]:
