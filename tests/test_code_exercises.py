@@ -11,8 +11,8 @@ the exercise asks for, and the library is whole again afterwards.
 
 from __future__ import annotations
 
-import importlib
 import dataclasses
+import importlib
 import json
 import math
 import re
