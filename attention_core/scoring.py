@@ -5,13 +5,15 @@ Attention is ``softmax(score(q, k)) @ v``; the lineage differs mostly in the sco
 ============ ================================== =============================== =====================
 name         score(q, k)                        parameters                      from
 ============ ================================== =============================== =====================
-dot          q . k                              none (Dq == Dk)                 Luong et al. 2015
+dot          q . k                              none (Dq == Dk)                 Sukhbaatar et al. 2015
 scaled_dot   q . k / sqrt(D)                    none (Dq == Dk)                 Vaswani et al. 2017
 cosine       cos(q, k) / temperature            none                            Graves et al. 2014
 general      q^T W k                            W (Dq, Dk)                      Luong et al. 2015
 additive     v^T tanh(W_q q + W_k k)            W_q, W_k, v                     Bahdanau et al. 2014
 concat       v^T tanh(W_c [q; k])               W_c, v                          Luong et al. 2015
 ============ ================================== =============================== =====================
+
+(The dot score is Sukhbaatar et al.'s memory-network match; Luong et al. gave the score its name, "dot".)
 
 Pure functions where there is nothing to learn, small ``nn.Module`` subclasses where there is;
 :func:`make_score` builds any of them by name (always as a module, so a model can hold it as a submodule).

@@ -1281,7 +1281,7 @@ def _ch02_uniform_dead(scores, mask):  # -inf and a guard on the scores, the gua
 
 
 CH02_FINITE_FILLS = {  # a student's own code for each mistake that leaves a fully masked row non-zero -> its hint
-    "-1e9 is not -inf": lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1),
+    "a finite fill (-1e9, -1e4) is not -inf": lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1),
     "-1e9 is a wall of finite height": lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1) * m,
     "adding -1e9 is not masking": lambda s, m: torch.softmax(s + (~m).float() * -1e9, -1),
     "a fully masked row gets equal weights": _ch02_uniform_dead,

@@ -326,7 +326,8 @@ def _exact_and_rounded_boxes():
     exact = exercises.ValueCheck("count", encode_answer(3_001_000), exact=True, hint="general",
                                  mistakes=[(3_000_000, "m-three-million"), (3_003_000, "m-3003")])
     exact_tries = {"3,000,000": "m-three-million", "3e6": "m-three-million", "3,003,000": "m-3003",
-                   "3,002,000": "general", "2,999,000": "general", "3,004,000": "general", "3,001,000": "right"}
+                   "3,002,000": "general", "2,999,000": "general", "3,004,000": "general", "3,001,000": "right",
+                   "3 001 000": "right", "3 000 000": "m-three-million"}
     third = exercises.ValueCheck("w", encode_answer(0.665), digits=3, hint="general", mistakes=[(0.6667, "m-2/3")])
     third_tries = {"0.667": "m-2/3", "0.6667": "m-2/3", "2/3": "m-2/3", "0.666": "general",
                    "0.67": "general", "0.668": "general", "0.665": "right", "0.6650": "right"}

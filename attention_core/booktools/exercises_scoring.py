@@ -99,8 +99,8 @@ def build() -> FunctionSpec:
         mistakes=(
             Mistake("a row whose keys are all masked: softmax of all -inf is NaN, and that row must be zeros.",
                     _softmax_naive),
-            Mistake("-1e9 is not -inf: a fully masked row then gets equal weights instead of zeros, and a kept "
-                    "score below -1e9 loses its weight to the masked keys.", _softmax_1e9),
+            Mistake("a finite fill (-1e9, -1e4) is not -inf: a fully masked row then gets equal weights instead "
+                    "of zeros, and a kept score below the fill loses its weight to the masked keys.", _softmax_1e9),
             Mistake("-1e9 is a wall of finite height: a kept score below -1e9 loses its weight to the masked keys, "
                     "and zeroing them afterwards leaves a row that sums to 0 (fill with -inf instead, and guard the "
                     "fully masked rows).", _softmax_1e9_zeroed),

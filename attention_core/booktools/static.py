@@ -241,6 +241,8 @@ def answer_box_html(prompt: str, encoded: str, *, rtol: float = 1e-2, atol: floa
   function parse(s) {{
     s = s.trim().replace("\u2212", "-");
     if (/^[+-]?[0-9]{{1,3}}(,[0-9]{{3}})+(\\.[0-9]*)?$/.test(s)) {{ s = s.replace(/,/g, ""); }}  // 389,152
+    var t = s.replace(/ /g, "");  // 3 001 000, as the kernel's box reads it
+    if (t !== s && /^[+-]?[0-9]*\\.?[0-9]+$/.test(t)) {{ s = t; }}
     var m = s.match(/^(-?[0-9.eE+-]+)\\s*\\/\\s*([0-9.eE+-]+)$/);
     return m ? Number(m[1]) / Number(m[2]) : (s === "" ? NaN : Number(s));
   }}
