@@ -1288,6 +1288,24 @@ CH02_FINITE_FILLS = {  # a student's own code for each mistake that leaves a ful
 }
 
 
+def _no_causal_mask(q, k, v):  # a student's attention without the mask (the heads' shapes as given)
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1) @ v
+
+
+def _scaled_by_e(q, k, v):  # the causal mask, but the scores divided by E
+    s = q @ k.transpose(-2, -1) / q.shape[-1]
+    return torch.softmax(s.masked_fill(~torch.ones_like(s, dtype=torch.bool).tril(), float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("key", ["ch05.causal_attention", "ch08.causal_attention"])
+@pytest.mark.parametrize("fn, start", [(_no_causal_mask, "mask the future"), (_scaled_by_e, "divide the scores")])
+def test_causal_attention_without_the_mask_or_scaled_by_e_is_told_so(key, fn, start):
+    """Two slips a referee tried on chapter 8's checker that got no hint: no causal mask at all, and 1/E."""
+    message = code_checks.check_function(fn, ce.spec(key)).message
+    named = [hint for hint in KNOWN_HINTS[key] if f"Hint: {hint}" in message]
+    assert len(named) == 1 and named[0].startswith(start), message
+
+
 @pytest.mark.parametrize("start", CH02_FINITE_FILLS)
 def test_ch02_each_way_to_a_nonzero_dead_row_gets_its_own_hint(start):
     """A -1e9 fill, a -1e9 fill zeroed afterwards, -1e9 added, and -inf with a guard that leaves the guarded row

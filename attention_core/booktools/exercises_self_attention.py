@@ -58,6 +58,9 @@ CAUSAL_MISTAKES = (
     Mistake("take the softmax over the keys (the last dim, dim=-1), so that each query's row sums to 1; "
             "over the queries it mixes the rows instead.",
             lambda q, k, v: _causal(q, k, v, dim=-2)),
+    Mistake("mask the future: without the causal mask every query also sees the keys after it.",
+            lambda q, k, v: _causal(q, k, v, diagonal=1 << 20)),  # tril of a huge diagonal keeps every key
+    Mistake("divide the scores by sqrt(E), not by E.", lambda q, k, v: _causal(q, k, v, scale=1.0 / q.shape[-1])),
 )
 CAUSAL_UNAVAILABLE = ("attention_core.scaled_dot_product_attention", "attention_core.attention_weights",
                        "attention_core.functional.scaled_dot_product_attention",
