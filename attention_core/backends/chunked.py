@@ -38,13 +38,15 @@ How the loops are laid out for speed on a CPU (the arithmetic is the same whatev
 measurements are in ``benchmarks/NOTES.md``), as PyTorch's own C++ kernel does:
 
 - **One (batch, kv-head) at a time** (one per torch thread). Each tile of scores then belongs to one head
-  and, at the default (256, 512), takes 512 KiB: it stays in the core's L2 cache (1 MiB or more on Intel
-  Xeons since Skylake-SP and AMD EPYCs since Zen 4) during the passes over it (exp2 and sum, and before
-  the max is fixed also max and subtract) and the P @ V product. A tile of all eight heads at once would
-  be 4 MiB, and every pass would stream it from the slower L3. With several threads, each operation splits
-  its work head by head, so every thread's tile stays in its own core's cache. Short sequences, whose tiles
-  are small, stack more heads in one step, so that every round of Python calls still moves a full tile's
-  worth of numbers.
+  and, at the default (256, 512), takes 512 KiB: it fits in the core's L2 cache (1 MiB or more on Intel
+  Xeons since Skylake-SP and AMD EPYCs since Zen 4), so it can stay there during the passes over it (exp2
+  and sum, and before the max is fixed also max and subtract) and the P @ V product. A tile of all eight
+  heads at once would be 4 MiB, and every pass would have to stream it from the slower L3 (the reasoning
+  behind the layout; no cache counters were read). With several threads, each operation splits its work
+  head by head, so each thread works on one head's tile, which can then stay in that thread's cache (not
+  measured either; two logical CPUs may be two hyperthreads of one core, sharing its L2). Short sequences,
+  whose tiles are small, stack more heads in one step, so that every round of Python calls still moves a
+  full tile's worth of numbers.
 - **No allocation inside the loops.** The tile's buffers are allocated once per call and every operation
   writes into them (``out=``, in-place ``sub_``, ``exp2_``, ``baddbmm_``): each tile lands in memory the
   previous tile just used, which is still in cache, and the allocator stays out of the inner loop. The views
@@ -141,7 +143,7 @@ class _Tiles:
             cols, rows = torch.arange(bq + bk, device=query.device), torch.arange(bq, device=query.device)
             self.band = cols[None, :] - bk > rows[:, None]  # (bq, bq + bk), True = hidden
         # (kv-)heads per step: one per torch thread when a head's tile is full-size (each operation then splits
-        # its work between the threads head by head, and every thread's tile stays in its own core's cache);
+        # its work between the threads head by head, each thread on one head's tile, meant to stay in its cache);
         # more when the sequences are short, up to a full tile's worth of scores per step.
         self.rows, self.keys = self.G * bq, bk  # the largest tile of one head: (G * bq, bk)
         short = block_q * block_k // max(1, self.rows * self.keys)
