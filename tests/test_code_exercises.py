@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import json
 import math
 import re
@@ -441,6 +442,27 @@ def _ch07_private_rotation(x, positions):  # positional's private rotation with 
     return positional._rotate(x, cos.to(x.dtype), sin.to(x.dtype), False)
 
 
+def _ch07_own_angles(x, positions):  # the reader's own angles, in the half-split layout: (N, E) each
+    E = x.shape[-1]
+    theta = 10000.0 ** (-torch.arange(0, E, 2, dtype=torch.float64) / E)
+    angle = (positions.to(torch.float64)[:, None] * theta).repeat(1, 2)  # (N, E/2) -> (N, E)
+    return angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+
+
+def _ch07_hf_rotate_half(x, positions):  # Hugging Face's rotate_half with the reader's own angles
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    cos, sin = _ch07_own_angles(x, positions)
+    return x * cos + rotate_half(x) * sin
+
+
+def _ch07_hf_apply(x, positions):  # Hugging Face's apply_rotary_pos_emb (GPT-NeoX's module) with own angles
+    from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
+
+    cos, sin = _ch07_own_angles(x, positions)
+    return apply_rotary_pos_emb(x, x, cos, sin, unsqueeze_dim=0)[0]
+
+
 def _ch11_bottom_right(L, S, window):  # the decode mask as a mask_mod, evaluated on the grid
     from attention_core import mask_mods
 
@@ -501,7 +523,8 @@ ROUTES = {
                               _scripted_causal_sdpa, lambda q, k, v: _TRACED_CAUSAL_SDPA(q, k, v),
                               _flex_eager("math_attention"), _flex_eager("sdpa_dense")],
     "ch06.causal_multi_head": [lambda *a: exercises_multi_head._mha(*a)],
-    "ch07.rope": [_ch07_private_rotation, lambda x, p: exercises_positional._rope(x, p)],
+    "ch07.rope": [_ch07_private_rotation, lambda x, p: exercises_positional._rope(x, p),
+                  *((_ch07_hf_rotate_half, _ch07_hf_apply) if importlib.util.find_spec("transformers") else ())],
     "ch09.merge_partials": [lambda *a: exercises_at_scale._merge(*a)],
     "ch11.decode_mask": [_ch11_bottom_right, lambda L, S, w: exercises_decoder_lm._decode(L, S, w)],
     "ch12.causal_linear_attention": [lambda q, k, v: exercises_beyond_dense._linear(q, k, v)],

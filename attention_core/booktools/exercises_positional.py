@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from attention_core.booktools.code_checks import FunctionSpec, Mistake
@@ -35,6 +37,11 @@ def _rope(x, positions, *, interleaved=False, two=True, sign=1.0, shift=0, index
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
 
+#: Hugging Face's rotary helpers (``rotate_half``, ``apply_rotary_pos_emb`` in each model's module) rotate the pairs
+#: once the angles are given: the whole package is unavailable while the reader's function runs, where installed.
+HF_ROTARY = ("transformers",) if importlib.util.find_spec("transformers") is not None else ()
+
+
 def build() -> FunctionSpec:
     st = strategies()
 
@@ -55,7 +62,7 @@ def build() -> FunctionSpec:
         ),
         dtype=("x's dtype", lambda x, positions: x.dtype),
         unavailable=("attention_core.positional.apply_rotary", "attention_core.positional.RotaryEmbedding"),
-        forbidden_modules=("attention_core.positional", "attention_core.models"),
+        forbidden_modules=("attention_core.positional", "attention_core.models", *HF_ROTARY),
         task="to write the rotation of each pair yourself",
         mistakes=(
             Mistake("pair i is made of features i and i + E/2 here, not of neighbours 2i and 2i + 1.",
