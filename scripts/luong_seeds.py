@@ -7,7 +7,7 @@ checkpoint itself (evaluated, not retrained). Results go to
 
     OMP_NUM_THREADS=1 python scripts/luong_seeds.py [--seeds 0 1 2 3 4]
 
-Runs on one thread, one run at a time (111 to 269 s each in the recorded study, on a two-core Xeon shared
+Runs on one thread, one run at a time (60 to 269 s each in the recorded study, on a two-core Xeon shared
 with other jobs).
 """
 
