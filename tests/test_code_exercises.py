@@ -12,6 +12,7 @@ the exercise asks for, and the library is whole again afterwards.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import json
@@ -482,6 +483,14 @@ _TRACED_CAUSAL_SDPA = torch.jit.trace(lambda q, k, v: F.scaled_dot_product_atten
                                       (torch.randn(4, 3),) * 3)
 
 
+_HELD = [F.scaled_dot_product_attention]  # an alias kept in a list, out of reach of the namespace patching
+
+
+def _profile_off(q, k, v):  # switches the profile hook off, then calls SDPA
+    sys.setprofile(None)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def _flex_eager(name):  # torch's FlexAttention in eager Python (its higher-order op's math path), causal
     hop = importlib.import_module("torch._higher_order_ops.flex_attention")
 
@@ -521,7 +530,14 @@ ROUTES = {
                                                                     is_causal=True).out[0],
                               # TorchScript compiled before the check: its SDPA is called from C++
                               _scripted_causal_sdpa, lambda q, k, v: _TRACED_CAUSAL_SDPA(q, k, v),
-                              _flex_eager("math_attention"), _flex_eager("sdpa_dense")],
+                              _flex_eager("math_attention"), _flex_eager("sdpa_dense"),
+                              # routes to the operator that no name or identity catches: the dispatcher does
+                              lambda q, k, v: torch.ops.aten.scaled_dot_product_attention.default.decompose(
+                                  q, k, v, None, 0.0, True),
+                              lambda q, k, v: torch._C._jit_get_operation("aten::scaled_dot_product_attention")[0](
+                                  q, k, v, None, 0.0, True),
+                              lambda q, k, v: functools.partial(_HELD[0], is_causal=True)(q, k, v),
+                              _profile_off],
     "ch06.causal_multi_head": [lambda *a: exercises_multi_head._mha(*a)],
     "ch07.rope": [_ch07_private_rotation, lambda x, p: exercises_positional._rope(x, p),
                   *((_ch07_hf_rotate_half, _ch07_hf_apply) if importlib.util.find_spec("transformers") else ())],
@@ -1750,3 +1766,21 @@ def test_ch06_scale_and_mask_mistakes_get_their_hint(fn, hint):
     report = code_checks.check_function(fn, spec)
     assert report.status == "failed" and hint in report.message, report.message
     assert code_checks.check_function(_ch06_own(lambda E, H: E ** -0.5), spec).passed
+
+
+def test_switching_the_profile_hook_off_is_refused():
+    """A function that turns the check's profile hook off (sys.setprofile(None)) before computing would leave
+    the routes only the hook sees unguarded; the call itself is refused, and the hook is back after the check."""
+    def own(q, k, v):  # a correct answer, written out
+        s = q @ k.T / q.shape[-1] ** 0.5
+        return torch.softmax(s.masked_fill(~torch.ones_like(s, dtype=torch.bool).tril(), float("-inf")), -1) @ v
+
+    def hook_off(q, k, v):
+        sys.setprofile(None)
+        return own(q, k, v)
+
+    before = sys.getprofile()
+    assert code_checks.check_function(own, ce.spec("ch05.causal_attention")).status == "passed"
+    report = code_checks.check_function(hook_off, ce.spec("ch05.causal_attention"))
+    assert report.status == "failed" and "sys.setprofile" in report.message, report.message
+    assert sys.getprofile() is before

@@ -105,8 +105,12 @@ def unavailable(spec: attention_core.booktools.code_checks.FunctionSpec,
         # a blocked function refuses in any thread, however reached: the named ones, and every Python function
         # whose code lives in a forbidden file (what the hook refuses in the threads it sees)
         codes.update(_swap_codes(saved, spec, _module_functions(files)))
+        builtins.update(_profile_switches(spec))
         hook = _refuse_banned_code(codes, files, builtins, spec)
         saved.extend(_refuse_torchscript(spec))
+        dispatcher = _refuse_at_dispatcher(spec)
+        if dispatcher is not None:
+            saved.append((dispatcher, "", None))  # destroyed on exit: the operators' own kernels come back
         sys.setprofile(hook)
         threading.setprofile(hook)  # threads started while the reader's function runs
         every_thread = getattr(threading, "setprofile_all_threads", None)  # Python 3.12+: running threads too
@@ -121,10 +125,46 @@ def unavailable(spec: attention_core.booktools.code_checks.FunctionSpec,
             sys.setprofile(previous)
     finally:
         for owner, attr, obj in reversed(saved):
-            if isinstance(owner, dict):
+            if attr == "" and hasattr(owner, "_destroy"):  # the dispatcher's refusing kernels
+                owner._destroy()
+            elif isinstance(owner, dict):
                 owner[attr] = obj
             else:
                 setattr(owner, attr, obj)
+
+
+def _profile_switches(spec: Any) -> dict[int, str]:
+    """``sys.setprofile``, ``sys.settrace`` and their ``threading`` twins, by identity: a reader's function that
+    switched the profile hook off would make the refusals below it unseen. (The hook lets the checker's own
+    calls through: they come from this file.)"""
+    return {id(fn): name for name, fn in (("sys.setprofile", sys.setprofile), ("sys.settrace", sys.settrace),
+                                          ("threading.setprofile", threading.setprofile),
+                                          ("threading.settrace", threading.settrace))}
+
+
+def _refuse_at_dispatcher(spec: Any) -> Any:
+    """A ``torch.library.Library`` whose kernels make each torch operator the exercise names
+    (``torch.ops.aten.X``) refuse at the dispatcher, for every key a call can reach it by (CPU, CUDA, and the
+    composite key that decomposes it), or None. A name or an identity can be reached another way (a new binding
+    from ``torch._C._jit_get_operation``, ``OpOverload.decompose``, an alias held in a list and called from C,
+    TorchScript); the dispatcher is where every such call arrives. ``_destroy()`` brings the operators' own
+    kernels back."""
+    torch = sys.modules.get("torch")
+    ops = [path.rsplit(".", 1)[1] for path in spec.unavailable if path.startswith("torch.ops.aten.")]
+    if torch is None or not ops:
+        return None
+    import warnings
+
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": that is the point
+        warnings.simplefilter("ignore")
+        for name in ops:
+            for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CPU", "CUDA"):
+                try:
+                    library.impl(name, _blocked(f"torch.ops.aten.{name}", spec), key)
+                except RuntimeError:  # an operator with no kernel to replace at that key
+                    continue
+    return library
 
 
 def _refuse_torchscript(spec: Any) -> list[tuple[Any, str, Any]]:
@@ -334,7 +374,7 @@ def _refuse_banned_code(codes: dict[Any, str], files: tuple[tuple[str, ...], dic
                 prefix = where(code.co_filename)
                 if prefix is not None:
                     _blocked(f"{names[prefix]}.{getattr(code, 'co_qualname', code.co_name)}", spec)()
-        elif event == "c_call" and id(arg) in builtins:
+        elif event == "c_call" and id(arg) in builtins and frame.f_code.co_filename != __file__:
             _blocked(builtins[id(arg)], spec)()
 
     return hook
