@@ -450,6 +450,18 @@ def _ch07_own_angles(x, positions):  # the reader's own angles, in the half-spli
     return angle.cos().to(x.dtype), angle.sin().to(x.dtype)
 
 
+def _ch07_onnx_rotary(x, positions):  # torch's ONNX RotaryEmbedding operator with the reader's own angles
+    # (called once at import below, so that no lazy import runs during the check and the refusal is the module's)
+    theta = 10000.0 ** (-torch.arange(0, x.shape[-1], 2, dtype=torch.float64) / x.shape[-1])
+    angle = positions.to(torch.float64)[:, None] * theta  # (N, E/2)
+    return torch.onnx.ops.rotary_embedding(x[None, None], angle.cos().to(x.dtype)[None],
+                                           angle.sin().to(x.dtype)[None])[0, 0]
+
+
+if importlib.util.find_spec("torch.onnx.ops"):
+    _ch07_onnx_rotary(torch.zeros(2, 2), torch.arange(2))
+
+
 def _ch07_hf_rotate_half(x, positions):  # Hugging Face's rotate_half with the reader's own angles
     from transformers.models.llama.modeling_llama import rotate_half
 
@@ -540,7 +552,8 @@ ROUTES = {
                               _profile_off],
     "ch06.causal_multi_head": [lambda *a: exercises_multi_head._mha(*a)],
     "ch07.rope": [_ch07_private_rotation, lambda x, p: exercises_positional._rope(x, p),
-                  *((_ch07_hf_rotate_half, _ch07_hf_apply) if importlib.util.find_spec("transformers") else ())],
+                  *((_ch07_hf_rotate_half, _ch07_hf_apply) if importlib.util.find_spec("transformers") else ()),
+                  *((_ch07_onnx_rotary,) if importlib.util.find_spec("torch.onnx.ops") else ())],
     "ch09.merge_partials": [lambda *a: exercises_at_scale._merge(*a)],
     "ch11.decode_mask": [_ch11_bottom_right, lambda L, S, w: exercises_decoder_lm._decode(L, S, w)],
     "ch12.causal_linear_attention": [lambda q, k, v: exercises_beyond_dense._linear(q, k, v)],

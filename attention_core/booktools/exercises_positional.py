@@ -40,6 +40,8 @@ def _rope(x, positions, *, interleaved=False, two=True, sign=1.0, shift=0, index
 #: Hugging Face's rotary helpers (``rotate_half``, ``apply_rotary_pos_emb`` in each model's module) rotate the pairs
 #: once the angles are given: the whole package is unavailable while the reader's function runs, where installed.
 HF_ROTARY = ("transformers",) if importlib.util.find_spec("transformers") is not None else ()
+#: torch's own rotary operator (ONNX's RotaryEmbedding, ``torch.onnx.ops.rotary_embedding``) rotates the pairs too.
+TORCH_ROTARY = ("torch.onnx.ops",) if importlib.util.find_spec("torch.onnx.ops") is not None else ()
 
 
 def build() -> FunctionSpec:
@@ -62,7 +64,7 @@ def build() -> FunctionSpec:
         ),
         dtype=("x's dtype", lambda x, positions: x.dtype),
         unavailable=("attention_core.positional.apply_rotary", "attention_core.positional.RotaryEmbedding"),
-        forbidden_modules=("attention_core.positional", "attention_core.models", *HF_ROTARY),
+        forbidden_modules=("attention_core.positional", "attention_core.models", *HF_ROTARY, *TORCH_ROTARY),
         task="to write the rotation of each pair yourself",
         mistakes=(
             Mistake("pair i is made of features i and i + E/2 here, not of neighbours 2i and 2i + 1.",
