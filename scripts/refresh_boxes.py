@@ -55,7 +55,8 @@ def stale_boxes(path: Path, fix: bool = False) -> list[str]:
         for call in box_calls(cell.source):
             markup = current_markup(call)
             uid = _uid(markup)
-            stored = [out for out in cell.get("outputs", []) if f'id="{uid}"' in out.get("data", {}).get("text/html", "")]
+            stored = [out for out in cell.get("outputs", [])
+                      if f'id="{uid}"' in out.get("data", {}).get("text/html", "")]
             if len(stored) != 1:
                 stale.append(f"{path.name}: box {uid} has {len(stored)} stored outputs (re-execute the chapter)")
                 continue

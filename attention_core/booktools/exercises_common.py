@@ -25,8 +25,9 @@ NEG_INF = float("-inf")
 ATTENTION_MODULES = ("attention_core.functional", "attention_core.backends", "attention_core.multihead",
                      "attention_core.flex_attention", "attention_core.paged_attention", "attention_core.models",
                      "attention_core.low_precision", "attention_core.distributed",
-                     # torch's eager FlexAttention in Python (its math_attention and sdpa_dense take a mask_mod)
-                     "torch._higher_order_ops.flex_attention")
+                     # torch's eager FlexAttention in Python (its math_attention and sdpa_dense take a mask_mod),
+                     # and the quantizable MultiheadAttention, which writes attention out in Python
+                     "torch._higher_order_ops.flex_attention", "torch.ao.nn.quantizable.modules.activation")
 #: torch's private attention operators (the ``aten::_scaled_dot_product_*`` family on ``torch.ops.aten``): each
 #: returns the whole answer as its first output. The same C functions are bound in torch's own namespace too.
 _PRIVATE_SDPA = ("_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps",
