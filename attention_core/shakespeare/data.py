@@ -276,7 +276,7 @@ def discounted_ngram_log_probs(train: torch.Tensor, val: torch.Tensor, vocab_siz
                                discount: float = 0.75) -> torch.Tensor:
     """Log ``P(next | up to n - 1 previous)`` of every predicted character of ``val``: (B, N - 1), or (N - 1,).
 
-    Interpolated absolute discounting (Ney, Essen and Kneser 1994; Chen and Goodman 1998, section 2.6), counted
+    Interpolated absolute discounting (Ney, Essen and Kneser 1994, as surveyed by Chen and Goodman 1998), counted
     on ``train``. With ``c`` the counts in ``train``, for a context ``h`` of ``k >= 1`` characters seen at least
     once (as the start of a ``(k + 1)``-gram), and ``h'`` the same context without its first character::
 
