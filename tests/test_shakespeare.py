@@ -16,6 +16,9 @@ from attention_core.shakespeare.data import (
     TEXT_FILE,
     CharVocab,
     bigram_loss,
+    discounted_ngram_log_probs,
+    discounted_ngram_loss,
+    discounted_ngram_losses,
     load_text,
     ngram_loss,
     random_batch,
@@ -126,6 +129,66 @@ def test_ngram_loss_counts_by_hand_and_matches_the_unigram_and_bigram() -> None:
         ngram_loss(train, val.view(2, 2, 20), 7, 2)
 
 
+def test_discounted_ngram_counts_by_hand() -> None:
+    train = torch.tensor([0, 1, 0, 1, 1, 2])  # counts 2, 3, 1: add-one unigram 3/9, 4/9, 2/9
+    # bigrams: after 0 come 1, 1 (c(0 .) = 2, one distinct follower); after 1 come 0, 1, 2 (c(1 .) = 3, three);
+    # 2 is never followed by anything. D = 0.5:
+    # P(0 | 1) = (1 - 0.5) / 3 + 0.5 * 3 / 3 * 3/9 = 1/3; P(1 | 0) = (2 - 0.5) / 2 + 0.5 * 1 / 2 * 4/9 = 31/36;
+    # P(1 | 1) = 0.5 / 3 + 0.5 * 4/9 = 7/18
+    logp = discounted_ngram_log_probs(train, torch.tensor([1, 0, 1, 1]), 3, 2, discount=0.5)
+    assert torch.allclose(logp, torch.tensor([1 / 3, 31 / 36, 7 / 18], dtype=torch.float64).log(), atol=1e-12)
+    # a context never seen backs off unchanged (P(1 | 2) = 4/9); a follower never seen gets only the backoff
+    # share (P(0 | 0) = 0 + 0.5 * 1 / 2 * 3/9 = 1/12)
+    assert abs(discounted_ngram_log_probs(train, torch.tensor([2, 1]), 3, 2, 0.5).item() - math.log(4 / 9)) < 1e-12
+    assert abs(discounted_ngram_log_probs(train, torch.tensor([0, 0]), 3, 2, 0.5).item() - math.log(1 / 12)) < 1e-12
+    # trigram: the row's first prediction has one character of context (the bigram's 1/3); then (1, 0) was seen
+    # once, followed by 1: P(1 | 1 0) = (1 - 0.5) / 1 + 0.5 * 1 / 1 * 31/36 = 67/72
+    logp = discounted_ngram_log_probs(train, torch.tensor([[1, 0, 1]]), 3, 3, discount=0.5)
+    assert logp.shape == (1, 2)
+    assert torch.allclose(logp, torch.tensor([[1 / 3, 67 / 72]], dtype=torch.float64).log(), atol=1e-12)
+    expected = -(math.log(1 / 3) + math.log(67 / 72)) / 2
+    assert abs(discounted_ngram_loss(train, torch.tensor([1, 0, 1]), 3, 3, discount=0.5) - expected) < 1e-12
+    # n = 1 is the add-one unigram
+    g = torch.Generator().manual_seed(0)
+    train, val = torch.randint(0, 7, (500,), generator=g), torch.randint(0, 7, (80,), generator=g)
+    assert abs(discounted_ngram_loss(train, val, 7, 1) - unigram_loss(train, val[1:], 7)) < 1e-12
+
+
+@pytest.mark.parametrize("discount", [0.3, 0.75, 1.0])
+def test_discounted_ngram_sums_to_one_over_the_vocabulary(discount) -> None:
+    g = torch.Generator().manual_seed(1)
+    V = 5
+    train = torch.randint(0, V, (300,), generator=g) % torch.randint(1, V + 1, (300,), generator=g)  # skewed
+    contexts = torch.cartesian_prod(*[torch.arange(V)] * 3)  # (125, 3): every context, seen or not
+    rows = torch.cat([contexts.repeat_interleave(V, 0), torch.arange(V).repeat(len(contexts))[:, None]], 1)
+    for n in (2, 3, 4, 6):  # shorter, equal and longer than the rows' context
+        p = discounted_ngram_log_probs(train, rows, V, n, discount).exp()  # (125 V, 3)
+        assert (p > 0).all()
+        assert torch.allclose(p[:, -1].view(len(contexts), V).sum(1), torch.ones(len(contexts), dtype=torch.float64),
+                              atol=1e-12)
+    assert any(discounted_ngram_log_probs(train, rows, V, 4, discount)[:, -1].exp().view(-1, V).max(1).values > 0.5)
+
+
+def test_discounted_ngram_orders_in_one_pass_and_refusals() -> None:
+    g = torch.Generator().manual_seed(2)
+    train, val = torch.randint(0, 6, (400,), generator=g), torch.randint(0, 6, (3, 20), generator=g)
+    losses = discounted_ngram_losses(train, val, 6, 5)
+    assert list(losses) == [1, 2, 3, 4, 5]
+    assert all(abs(losses[n] - discounted_ngram_loss(train, val, 6, n)) < 1e-12 for n in losses)
+    # rows are separate texts, as in ngram_loss
+    both = discounted_ngram_log_probs(train, val[:2], 6, 4)
+    assert torch.equal(both[1], discounted_ngram_log_probs(train, val[1], 6, 4))
+    for bad in (0, 1.5, -0.2):
+        with pytest.raises(ValueError, match="discount must be"):
+            discounted_ngram_loss(train, val, 6, 3, discount=bad)
+    with pytest.raises(ValueError, match="n must be"):
+        discounted_ngram_loss(train, val, 6, 0)
+    with pytest.raises(ValueError, match="at least 2 ids"):
+        discounted_ngram_loss(train, val[0, :1], 6, 3)
+    with pytest.raises(ValueError, match="val must be"):
+        discounted_ngram_loss(train, val.view(3, 2, 10), 6, 2)
+
+
 def test_bigram_beats_unigram_on_shakespeare(corpus) -> None:
     uni = unigram_loss(corpus.train, corpus.val, len(corpus.vocab))
     bi = bigram_loss(corpus.train, corpus.val, len(corpus.vocab))
@@ -169,7 +232,8 @@ def test_training_runs_repeat_and_lower_the_loss(corpus, tmp_path: Path) -> None
     assert torch.equal(loaded(x).logits, model(x).logits)
 
 
-@pytest.mark.parametrize("fn", [unigram_loss, bigram_loss, lambda t, v, V: ngram_loss(t, v, V, 2)])
+@pytest.mark.parametrize("fn", [unigram_loss, bigram_loss, lambda t, v, V: ngram_loss(t, v, V, 2),
+                                lambda t, v, V: discounted_ngram_loss(t, v, V, 3)])
 def test_baselines_refuse_ids_outside_the_vocabulary(fn):
     with pytest.raises(ValueError, match=r"val must be ids in \[0, 5\)"):
         fn(torch.arange(5), torch.tensor([7, 1]), 5)

@@ -10,7 +10,11 @@ returning it, so a damaged or replaced file is refused with a message that says 
 - :func:`random_batch`: (inputs, targets) crops of ``context`` characters from a split; targets are the inputs
   shifted by one.
 - :func:`unigram_loss`, :func:`bigram_loss`, :func:`ngram_loss`: the cross-entropy of counting baselines
-  (a table of how often each character follows the previous ``n - 1``), the numbers a language model has to beat.
+  (a table of how often each character follows the previous ``n - 1``) with add-alpha smoothing, which pulls
+  every rare context towards uniform and so handicaps long contexts.
+- :func:`discounted_ngram_log_probs`, :func:`discounted_ngram_loss`, :func:`discounted_ngram_losses` (every
+  order up to ``n`` in one pass): the same tables with interpolated absolute discounting (each order backs off
+  to the next shorter one), the stronger count baseline a language model has to beat.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple, Union
+from typing import Dict, Iterator, Optional, Tuple, Union
 
 import torch
 
@@ -33,6 +37,9 @@ __all__ = [
     "CharVocab",
     "Corpus",
     "bigram_loss",
+    "discounted_ngram_log_probs",
+    "discounted_ngram_loss",
+    "discounted_ngram_losses",
     "load_corpus",
     "load_text",
     "ngram_loss",
@@ -217,7 +224,9 @@ def ngram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, n: int, 
     more than a model reading the same rows. Add-``alpha`` smoothing:
     ``(count(context, next) + alpha) / (count(context) + alpha * vocab_size)``; a context never seen in ``train``
     predicts uniformly. ``n = 2`` is :func:`bigram_loss`; ``n = 1`` is :func:`unigram_loss` on ``val[1:]``.
-    Counts are kept sparse (only the n-grams that occur in ``train``).
+    Counts are kept sparse (only the n-grams that occur in ``train``). Add-alpha gives every context
+    ``alpha * vocab_size`` pseudo-counts whatever its count, so rare long contexts are pulled towards uniform and
+    a longer table can score worse than a shorter one; :func:`discounted_ngram_loss` smooths them properly.
     """
     _check_ids(train, "train", vocab_size)
     check_token_ids(val, "val", vocab_size, dtypes=(torch.int64, torch.int32), rank=val.dim() if
@@ -254,3 +263,83 @@ def ngram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, n: int, 
         p = (counts_of(seen_full, full.flatten()) + alpha) / (counts_of(seen_ctx, ctx.flatten()) + alpha * vocab_size)
         nll, predicted = nll - float(p.log().sum()), predicted + p.numel()
     return nll / predicted
+
+
+def _lookup(keys: torch.Tensor, counts: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """``counts`` of ``queries`` in the sorted unique ``keys`` (0 where absent), as float64."""
+    queries = queries.contiguous()
+    at = torch.searchsorted(keys, queries).clamp(max=len(keys) - 1)
+    return torch.where(keys[at] == queries, counts[at], 0).double()
+
+
+def discounted_ngram_log_probs(train: torch.Tensor, val: torch.Tensor, vocab_size: int, n: int,
+                               discount: float = 0.75) -> torch.Tensor:
+    """Log ``P(next | up to n - 1 previous)`` of every predicted character of ``val``: (B, N - 1), or (N - 1,).
+
+    Interpolated absolute discounting (Ney, Essen and Kneser 1994, as surveyed by Chen and Goodman 1998), counted
+    on ``train``. With ``c`` the counts in ``train``, for a context ``h`` of ``k >= 1`` characters seen at least
+    once (as the start of a ``(k + 1)``-gram), and ``h'`` the same context without its first character::
+
+        P(x | h) = max(c(h x) - D, 0) / c(h .) + D * N(h .) / c(h .) * P(x | h')
+
+    where ``c(h .)`` is the number of times ``h`` is followed by something and ``N(h .)`` the number of
+    distinct characters that follow it; a context never seen uses ``P(x | h')`` unchanged. The recursion ends in
+    the add-one unigram ``(c(x) + 1) / (len(train) + vocab_size)``, so every probability is positive and, for
+    ``0 < D <= 1``, each context's probabilities sum to 1 over the vocabulary. ``n = 1`` is that unigram.
+
+    ``val`` is one text (N,) or separate rows (B, N), read as :func:`ngram_loss` reads them: each character after
+    a row's first is predicted from the ``n - 1`` characters before it in its row, or from all of them near the
+    row's start.
+    """
+    *_, logp = _discounted_orders(train, val, vocab_size, n, discount)  # orders 1 .. n, each from the one before
+    return logp if val.dim() == 2 else logp[0]
+
+
+def _discounted_orders(train: torch.Tensor, val: torch.Tensor, vocab_size: int, n: int, discount: float
+                       ) -> Iterator[torch.Tensor]:
+    """Yield the (B, N - 1) log-probabilities of :func:`discounted_ngram_log_probs` for orders 1, 2, .., n."""
+    _check_ids(train, "train", vocab_size)
+    check_token_ids(val, "val", vocab_size, dtypes=(torch.int64, torch.int32), rank=val.dim() if
+                    isinstance(val, torch.Tensor) and val.dim() in (1, 2) else 1)
+    check_positive_int(n, "n")
+    D = check_real(discount, "discount", low=0, high=1, low_open=True)
+    if vocab_size ** n >= 2 ** 62:
+        raise ValueError(f"vocab_size ** n must fit in int64 codes, got {vocab_size} ** {n}")
+    rows = (val if val.dim() == 2 else val[None]).long()  # (B, N)
+    if rows.shape[1] < 2 or len(train) < n:
+        raise ValueError(f"val's rows must hold at least 2 ids and train at least n = {n}, got val of shape "
+                         f"{fmt_shape(val.shape)} and train of {len(train)}")
+    train = train.long()
+    unigram = torch.bincount(train, minlength=vocab_size).double() + 1  # (V,)
+    p = (unigram / unigram.sum())[rows[:, 1:]]  # (B, N - 1): order 1 (no context), for every predicted character
+    yield p.log()
+    seen, asked = train, rows  # base-V codes of the k-character windows of train and of the rows
+    for k in range(1, n):  # k characters of context; the targets at positions >= k have them
+        if k < rows.shape[1]:
+            seen_ctx, asked_ctx = seen[:-1], asked[:, :-1]  # contexts: windows of k characters followed by one
+            seen = seen_ctx * vocab_size + train[k:]  # (T - k,): the (k + 1)-grams
+            asked = asked_ctx * vocab_size + rows[:, k:]  # (B, N - k): target at position k + i
+            full_keys, full_counts = torch.unique(seen, return_counts=True)  # sorted
+            ctx_keys, inverse, followers = torch.unique_consecutive(full_keys // vocab_size, return_inverse=True,
+                                                                    return_counts=True)  # followers: N(h .)
+            ctx_counts = torch.zeros(len(ctx_keys), dtype=torch.long).index_add_(0, inverse, full_counts)  # c(h .)
+            c_h, c_hx = _lookup(ctx_keys, ctx_counts, asked_ctx), _lookup(full_keys, full_counts, asked)
+            lower = p[:, k - 1 :]
+            mixed = (((c_hx - D).clamp(min=0) + D * _lookup(ctx_keys, followers, asked_ctx) * lower)
+                     / c_h.clamp(min=1))
+            p = torch.cat([p[:, : k - 1], torch.where(c_h > 0, mixed, lower)], dim=1)
+        yield p.log()
+
+
+def discounted_ngram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, n: int,
+                          discount: float = 0.75) -> float:
+    """Cross-entropy (nats per character) on ``val`` of :func:`discounted_ngram_log_probs`' table."""
+    return float(-discounted_ngram_log_probs(train, val, vocab_size, n, discount).mean())
+
+
+def discounted_ngram_losses(train: torch.Tensor, val: torch.Tensor, vocab_size: int, max_n: int,
+                            discount: float = 0.75) -> Dict[int, float]:
+    """``{n: discounted_ngram_loss(train, val, vocab_size, n, discount)}`` for n = 1 .. ``max_n``, counted in
+    one pass (each order's table is built once and reused by the longer ones)."""
+    return {n: float(-logp.mean()) for n, logp in enumerate(_discounted_orders(train, val, vocab_size, max_n,
+                                                                               discount), start=1)}
