@@ -65,3 +65,18 @@ def test_the_smoke_setting_writes_a_manifest_and_results(tmp_path) -> None:
     assert written["floors"]["trigram"] < written["floors"]["bigram"] < written["floors"]["unigram"]
     study = written["high_lr"]
     assert study["sweep"] and set(study["runs"]) == {"baseline", "qk_norm"}
+
+
+def test_the_indexer_learns_in_training_and_the_warm_up_is_dense() -> None:
+    """The indexed variant's loss carries the indexer's KL: its weights move (they get no gradient otherwise)."""
+    from dataclasses import replace
+
+    from attention_core.shakespeare.data import load_corpus
+
+    corpus = load_corpus()
+    recipe = recent.recipe_for("indexed", 0, replace(recent.BASE, steps=2, warmup=1))
+    assert recipe.index_warmup == 1  # the first of the two steps attends densely
+    fresh = build_language_model(recipe.config(len(corpus.vocab)))
+    model, log = recent.train_recent(recipe, corpus)
+    moved = {n: not torch.equal(p, dict(fresh.named_parameters())[n]) for n, p in model.named_parameters()}
+    assert all(moved[n] for n in moved if ".indexer." in n) and len(log.losses) == 2

@@ -29,7 +29,8 @@ The attention of every layer is multi-head (``num_kv_heads = num_heads``), group
 (``num_kv_heads = 1``) or multi-head latent attention (``attention="latent"``, DeepSeek-V2: the cache holds a
 latent and a rotary key per token, and decoding reads it in the absorbed form). Standard attention takes the
 options of recent models (:mod:`attention_core.models.attention_variants`): an output gate, learned sink logits,
-QK-norm, keys and values shared across layers, local/global layers; all are off unless a config names them.
+QK-norm, keys and values shared across layers, local/global layers, gated delta layers in a hybrid stack (their
+fixed-size state in the cache), top-k attention chosen by a learned indexer; all are off unless a config names them.
 :func:`parameter_count` and :func:`feedforward_for_budget` count a config's parameters and match a budget.
 
 Sampling (:func:`sample_next_token`, :func:`generate`): greedy (``temperature=0``), temperature, top-k and top-p
