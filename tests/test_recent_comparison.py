@@ -65,6 +65,15 @@ def test_the_smoke_setting_writes_a_manifest_and_results(tmp_path) -> None:
     assert written["floors"]["trigram"] < written["floors"]["bigram"] < written["floors"]["unigram"]
     study = written["high_lr"]
     assert study["sweep"] and set(study["runs"]) == {"baseline", "qk_norm"}
+    again = recent.main(["--smoke", "--high-lr-only", "--out", str(tmp_path)])  # the study alone, replaced
+    rewritten = json.loads((tmp_path / "results.json").read_text())
+    assert rewritten["high_lr"]["command"].endswith("--high-lr-only") and again["runs"] == rewritten["runs"]
+    assert rewritten["runs"] == written["runs"] and all(s["steps"] == 3 for s in rewritten["high_lr"]["sweep"])
+
+
+def test_divergence_is_a_validation_loss_above_the_unigram_floor_or_not_finite() -> None:
+    assert recent._diverged(float("nan"), 3.3) and recent._diverged(float("inf"), 3.3)
+    assert recent._diverged(3.4, 3.3) and not recent._diverged(2.4, 3.3)
 
 
 def test_the_indexer_learns_in_training_and_the_warm_up_is_dense() -> None:
@@ -80,3 +89,25 @@ def test_the_indexer_learns_in_training_and_the_warm_up_is_dense() -> None:
     model, log = recent.train_recent(recipe, corpus)
     moved = {n: not torch.equal(p, dict(fresh.named_parameters())[n]) for n, p in model.named_parameters()}
     assert all(moved[n] for n in moved if ".indexer." in n) and len(log.losses) == 2
+
+
+def test_the_committed_comparison_is_whole_and_its_checkpoints_are_what_the_manifest_says() -> None:
+    """The recorded run (``python -m attention_core.shakespeare.recent``): every variant with three seeds, each
+    checkpoint's sha256 and recipe in the manifest, the budget within 1%, the summaries the mean, min and max of
+    the runs."""
+    results = json.loads((recent.RECENT_DIR / "results.json").read_text())
+    manifest = json.loads((recent.RECENT_DIR / "manifest.json").read_text())
+    assert set(results["runs"]) == set(recent.VARIANTS) and results["seeds"] == [0, 1, 2]
+    for variant, runs in results["runs"].items():
+        assert [r["seed"] for r in runs] == [0, 1, 2]
+        for r in runs:
+            entry = manifest[f"recent_{variant}_s{r['seed']}"]
+            path = recent.RECENT_DIR / entry["file"]
+            assert entry["sha256"] == r["sha256"] == file_sha256(path) and path.stat().st_size < 1_000_000
+            assert entry["recipe"] == {**entry["recipe"], "variant": variant, "seed": r["seed"], "steps": recent.STEPS}
+            assert abs(r["budget_gap"]) <= 0.01
+        for measure, s in results["summary"][variant].items():
+            values = [r[measure] for r in runs]
+            assert s["min"] == min(values) and s["max"] == max(values)
+            assert math.isclose(s["mean"], sum(values) / 3, rel_tol=1e-9, abs_tol=1e-12)
+    assert set(results["high_lr"]["runs"]) == {"baseline", "qk_norm"}
