@@ -81,8 +81,8 @@ from attention_core.models.kv_cache import KVCache, decode_mask, decode_mask_mod
 from attention_core.multihead import MultiHeadAttention
 from attention_core.positional import RotaryEmbedding
 
-__all__ = ["AttentionOptions", "VariantSelfAttention", "count_parameters", "layer_is_local", "local_decode_mask",
-           "sink_attention"]
+__all__ = ["AttentionOptions", "VariantSelfAttention", "count_parameters", "layer_is_local", "layer_kind",
+           "local_decode_mask", "sink_attention"]
 
 #: The RMSNorm epsilon of the query/key norms (Qwen3's ``rms_norm_eps``).
 QK_NORM_EPS = 1e-6

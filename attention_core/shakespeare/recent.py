@@ -75,8 +75,8 @@ from attention_core.training.checkpoint import TrainLog, save_recipe_checkpoint
 from attention_core.training.loop import fit
 from attention_core.training.modes import eval_mode
 
-__all__ = ["HIGH_LRS", "RECENT_DIR", "STEPS", "VARIANTS", "RecentRecipe", "attention_logits", "main",
-           "max_attention_logit",
+__all__ = ["BASE", "HIGH_LRS", "RECENT_DIR", "SEEDS", "STEPS", "VAL_BLOCKS", "VARIANTS", "RecentRecipe",
+           "attention_logits", "main", "max_attention_logit",
            "measure", "recipe_for", "train_recent"]
 
 PathLike = Union[str, Path]
@@ -88,6 +88,7 @@ STEPS = 400
 HIGH_LRS = (1e-2, 3e-2, 1e-1, 3e-1, 1.0)
 #: Validation blocks every loss is measured on (of ``context``, or ``2 context`` past the training length).
 VAL_BLOCKS = 64
+#: The seeds of every variant (weights ``s``, batches ``s + 1``).
 SEEDS = (0, 1, 2)
 
 
