@@ -19,16 +19,18 @@ at this scale only.
 Measured per variant and seed (:func:`measure`): validation loss (the first :data:`VAL_BLOCKS` blocks of the
 validation split, read after the start token, as training reads); the attention mass on the first token (the
 start token; mean over attention layers, heads and queries after the first, and the largest head's mean); the
-largest hidden activation (the residual stream after each block, |x| max, at the first position and elsewhere);
+largest hidden activation (the residual stream's largest absolute value after each block, at the first position
+and elsewhere);
 KV bytes per token (what the cache holds after ``context`` tokens, divided by ``context``, and what each further
 token adds; a gated delta layer's fixed state counts in the first); decode time per token (greedy, with the
 cache, one sequence, one CPU thread: **noisy**, the machine is shared); the loss past the training length
 (blocks of ``2 context``: the mean over positions ``>= context``, beside the mean over the first ``context`` of
 the same blocks). The floors: bigram and trigram count tables of the training split on the same validation
 blocks (:func:`~attention_core.shakespeare.data.ngram_loss`, add-one). For QK-norm: the largest attention logit
-(``q . k / sqrt(E)`` over the validation batch), and training at a high learning rate: a cheap sweep finds the
+(``q . k / sqrt(E)`` over the validation batch), and training at a high learning rate: a sweep finds the
 smallest rate of :data:`HIGH_LRS` at which the baseline (seed 0, the full steps) diverges (its validation loss
-worse than the unigram table's, or not finite), then the baseline and QK-norm train there with every seed.
+worse than the unigram table's, or not finite), then the baseline and QK-norm train there with every seed (at
+the last rate of the sweep when none diverges; ``results.json`` says which).
 
 Command line (one process; set ``OMP_NUM_THREADS=1``)::
 
@@ -123,7 +125,7 @@ class RecentRecipe(ExperimentRecipe):
         return {**super().config(vocab_size), **self.options()}
 
 
-#: The baseline: width 64, 2 layers, 4 heads, feed-forward 256, crops of 64 after the start token.
+#: The baseline (width 64, 2 layers, 4 heads, feed-forward 256, crops of 64 after the start token).
 BASE = RecentRecipe("recent_baseline", d_model=64, num_layers=2, num_heads=4, num_kv_heads=4, dim_feedforward=256,
                     context=64, steps=STEPS, batch_size=16, lr=2e-3, warmup=40, repeat_fraction=0.5,
                     repeat_random=True, bos=True)
