@@ -1,4 +1,4 @@
-"""Five changes recent models made to a decoder's attention, as options of
+"""Seven changes recent models made to a decoder's attention, as options of
 :class:`~attention_core.models.language_model.DecoderLM` (fields of ``LMConfig``, all off by default).
 
 - **Output gate** (Qiu et al. 2025, "Gated Attention for Large Language Models", section 2.2, eq. (5), gating
@@ -30,6 +30,27 @@
   entry that only local layers read rolls on its own (``KVCache(layer_windows=...)``): it keeps
   ``local_window - 1`` tokens between calls, as a rolling cache does, while the global layers' entries keep every
   token (a group of shared keys and values with a global layer in it keeps every token too).
+- **Gated delta layers in a hybrid stack** (Yang et al., ICLR 2025, "Gated Delta Networks", their hybrid H1/H2
+  models; Qwen3-Next interleaves three Gated DeltaNet layers with one full-attention layer, ``"DDDG"``): a ``"D"``
+  of ``layer_pattern`` is a :class:`~attention_core.models.gated_delta.GatedDeltaLayer` instead of attention. It
+  keeps a fixed-size state (the cache's ``state(layer)``), has no keys or values (not with ``kv_share > 1``), no
+  positions, and reads the whole text (a window limits the attention layers only). At least one layer attends.
+- **Indexed top-k attention** (DeepSeek Sparse Attention, DeepSeek-V3.2-Exp, 2025): ``index_topk`` gives every
+  attention layer a lightning indexer (:class:`~attention_core.models.indexed_attention.LightningIndexer`,
+  ``index_heads`` H_I and ``index_dim`` d_I); eq. (1) scores each query against the keys it may read (causal, within
+  the local window, not padding), and it attends to the ``index_topk`` of largest score (ties to the most recent key).
+  As in DeepSeek-V3.2's indexer, its queries and keys carry rotary positions (the model's table, block by block of E
+  features). Its keys are cached as extra key heads of the layer's cache entry. Training (section 2.1 of the report):
+  the indexer reads a detached input and learns from its own loss only, the KL from the main attention's distribution
+  (summed over heads, L1-normalised, a target without gradient) to the softmax of its scores
+  (``need_index_loss=True``: ``LMOutput.index_loss``, the mean over layers of each layer's mean over queries, where
+  the report sums over queries); over every allowed key during a dense warm-up (``index_dense=True``, eq. (3)), over
+  the selected keys afterwards (eq. (4)). The selection passes no gradient, so the language-model loss trains the
+  rest. What differs from the report: DSA starts from a trained dense model, freezes it during the warm-up and trains
+  the indexer alone (1000 steps), then trains everything on the sparse model; a model trained here from scratch trains
+  its main weights during the warm-up too (the caller's loop chooses the steps:
+  :mod:`attention_core.shakespeare.recent`); DSA's main attention is MLA in its MQA mode, ours the layer's (MHA/GQA);
+  no FP8 indexer; k, H_I and d_I are small (the report: 2048, 64, 128).
 
 :class:`VariantSelfAttention` is the attention of a layer with any of these options; a model with none of them
 keeps :class:`~attention_core.models.language_model.CausalSelfAttention`, so every existing config and
@@ -48,15 +69,27 @@ from attention_core import mask_mods
 from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape, short_repr
 from attention_core.flex_attention import flex_attention
 from attention_core.functional import attention
+from attention_core.indexer import indexer_kl_loss
+from attention_core.models.indexed_attention import (
+    LightningIndexer,
+    allowed_keys,
+    pack_heads,
+    topk_within,
+    unpack_heads,
+)
 from attention_core.models.kv_cache import KVCache, decode_mask, decode_mask_mod, rotate_at
 from attention_core.multihead import MultiHeadAttention
 from attention_core.positional import RotaryEmbedding
 
-__all__ = ["AttentionOptions", "VariantSelfAttention", "count_parameters", "layer_is_local", "local_decode_mask",
-           "sink_attention"]
+__all__ = ["AttentionOptions", "VariantSelfAttention", "count_parameters", "layer_is_local", "layer_kind",
+           "local_decode_mask", "sink_attention"]
 
 #: The RMSNorm epsilon of the query/key norms (Qwen3's ``rms_norm_eps``).
 QK_NORM_EPS = 1e-6
+#: The letters of ``layer_pattern``: local attention, global attention, gated delta rule.
+LAYER_KINDS = ("L", "G", "D")
+#: The indexer's heads H_I and width d_I when ``index_topk`` is given without them.
+INDEX_HEADS, INDEX_DIM = 4, 16
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -84,17 +117,24 @@ class AttentionOptions:
     kv_share: int = 1
     layer_pattern: Optional[str] = None
     local_window: Optional[int] = None
+    index_topk: Optional[int] = None
+    index_heads: Optional[int] = None
+    index_dim: Optional[int] = None
 
     @classmethod
     def check(cls, num_layers: int, attention: str, output_gate: Optional[bool] = None,
               sink_logits: Optional[bool] = None, qk_norm: Optional[bool] = None, kv_share: Optional[int] = None,
-              layer_pattern: Optional[str] = None, local_window: Optional[int] = None) -> AttentionOptions:
+              layer_pattern: Optional[str] = None, local_window: Optional[int] = None,
+              index_topk: Optional[int] = None, index_heads: Optional[int] = None,
+              index_dim: Optional[int] = None) -> AttentionOptions:
         """Validate the fields at the model's edge (``None`` = off) and return them as options.
 
         Raises:
             TypeError: a field of the wrong type.
-            ValueError: a value out of range, ``kv_share`` not dividing ``num_layers``, ``layer_pattern`` without
-                ``local_window`` (or the reverse), or any option with ``attention="latent"``.
+            ValueError: a value out of range, ``kv_share`` not dividing ``num_layers``, ``layer_pattern`` with an
+                ``"L"`` but no ``local_window`` (or the reverse), a pattern that leaves no attention layer, gated
+                delta layers or the indexer with ``kv_share > 1``, ``index_heads``/``index_dim`` without
+                ``index_topk``, or any option with ``attention="latent"``.
         """
         flags = {name: False if v is None else check_bool_flag(v, name)
                  for name, v in (("output_gate", output_gate), ("sink_logits", sink_logits), ("qk_norm", qk_norm))}
@@ -104,23 +144,44 @@ class AttentionOptions:
                              f"values in groups of kv_share)")
         if layer_pattern is not None:
             if not isinstance(layer_pattern, str):
-                raise TypeError(f"layer_pattern must be a str of 'L' (local) and 'G' (global), got "
-                                f"{type(layer_pattern).__name__} {short_repr(layer_pattern)}")
-            if not layer_pattern or set(layer_pattern) - {"L", "G"} or "L" not in layer_pattern:
-                raise ValueError(f"layer_pattern must be a non-empty str of 'L' (local) and 'G' (global) with at "
-                                 f"least one 'L', e.g. 'LG' (Gemma 2) or 'LLLLLG' (Gemma 3), got {layer_pattern!r}")
-            if local_window is None:
+                raise TypeError(f"layer_pattern must be a str of 'L' (local), 'G' (global) and 'D' (gated delta), "
+                                f"got {type(layer_pattern).__name__} {short_repr(layer_pattern)}")
+            if not layer_pattern or set(layer_pattern) - set(LAYER_KINDS) or not set(layer_pattern) & {"L", "D"}:
+                raise ValueError(f"layer_pattern must be a non-empty str of 'L' (local), 'G' (global) and 'D' "
+                                 f"(gated delta) with at least one 'L' or 'D', e.g. 'LG' (Gemma 2), 'LLLLLG' "
+                                 f"(Gemma 3) or 'DDDG' (Qwen3-Next), got {layer_pattern!r}")
+            if "L" in layer_pattern and local_window is None:
                 raise ValueError(f"layer_pattern={layer_pattern!r} needs local_window, the keys a local layer sees")
+            kinds = [layer_kind(layer_pattern, i) for i in range(num_layers)]
+            if "D" in kinds and all(k == "D" for k in kinds):
+                raise ValueError(f"layer_pattern={layer_pattern!r} makes all num_layers = {num_layers} layers gated "
+                                 "delta layers: a hybrid stack keeps at least one attention layer ('G' or 'L')")
+            if "D" in kinds and share > 1:
+                raise ValueError(f"kv_share = {share} with gated delta layers ('D' in layer_pattern="
+                                 f"{layer_pattern!r}): a gated delta layer has no keys and values to share; use "
+                                 "kv_share=None")
         if local_window is not None:
             local_window = check_positive_int(local_window, "local_window")
-            if layer_pattern is None:
-                raise ValueError(f"local_window={local_window} needs layer_pattern, which layers are local "
-                                 "(e.g. 'LG')")
+            if layer_pattern is None or "L" not in layer_pattern:
+                raise ValueError(f"local_window={local_window} needs layer_pattern with an 'L', which layers are "
+                                 f"local (e.g. 'LG'), got layer_pattern={layer_pattern!r}")
+        if index_topk is None:
+            for name, v in (("index_heads", index_heads), ("index_dim", index_dim)):
+                if v is not None:
+                    raise ValueError(f"{name}={short_repr(v)} needs index_topk, the keys each query keeps")
+        else:
+            index_topk = check_positive_int(index_topk, "index_topk")
+            index_heads = INDEX_HEADS if index_heads is None else check_positive_int(index_heads, "index_heads")
+            index_dim = INDEX_DIM if index_dim is None else check_positive_int(index_dim, "index_dim")
+            if share > 1:
+                raise ValueError(f"index_topk = {index_topk} with kv_share = {share}: each indexed layer caches "
+                                 "its own indexer keys; use kv_share=None")
         options = cls(flags["output_gate"], flags["sink_logits"], flags["qk_norm"], share, layer_pattern,
-                      local_window)
+                      local_window, index_topk, index_heads, index_dim)
         if attention != "standard" and options.any:
-            raise ValueError(f"output_gate, sink_logits, qk_norm, kv_share, layer_pattern and local_window belong to "
-                             f"attention='standard', got attention={attention!r} with {options.describe()}")
+            raise ValueError(f"output_gate, sink_logits, qk_norm, kv_share, layer_pattern, local_window and "
+                             f"index_topk belong to attention='standard', got attention={attention!r} with "
+                             f"{options.describe()}")
         return options
 
     @property
@@ -130,17 +191,28 @@ class AttentionOptions:
 
     @property
     def changes_attention(self) -> bool:
-        """True when the attention module itself differs (gate, sinks, norms or shared keys and values)."""
-        return self.output_gate or self.sink_logits or self.qk_norm or self.kv_share > 1
+        """True when the attention module itself differs (gate, sinks, norms, shared keys and values, indexer)."""
+        return (self.output_gate or self.sink_logits or self.qk_norm or self.kv_share > 1
+                or self.index_topk is not None)
+
+    @property
+    def has_gated_delta(self) -> bool:
+        """True when some layer is a gated delta layer (``"D"`` in ``layer_pattern``)."""
+        return self.layer_pattern is not None and "D" in self.layer_pattern
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items()
                          if v not in (False, None) and not (k == "kv_share" and v == 1))
 
 
+def layer_kind(layer_pattern: Optional[str], layer: int) -> str:
+    """The kind of layer ``layer``: ``layer_pattern[layer % len]``, ``"G"`` (global attention) without a pattern."""
+    return "G" if layer_pattern is None else layer_pattern[layer % len(layer_pattern)]
+
+
 def layer_is_local(layer_pattern: Optional[str], layer: int) -> bool:
     """Whether layer ``layer`` attends through the local window: ``layer_pattern[layer % len] == "L"``."""
-    return layer_pattern is not None and layer_pattern[layer % len(layer_pattern)] == "L"
+    return layer_kind(layer_pattern, layer) == "L"
 
 
 def local_decode_mask(L: int, S: int, local_window: int, cache: KVCache, pad: Optional[torch.Tensor] = None, *,
@@ -258,6 +330,9 @@ class VariantSelfAttention(MultiHeadAttention):
         self.k_norm = nn.RMSNorm(E, eps=QK_NORM_EPS) if options.qk_norm and self.kv_owner else None
         self.gate_proj = nn.Linear(embed_dim, Hq * E, bias=False) if options.output_gate else None
         self.sink_logits = nn.Parameter(torch.zeros(Hq)) if options.sink_logits else None
+        self.indexer = None
+        if options.index_topk is not None:  # DSA's lightning indexer, one per layer (its keys cached with ours)
+            self.indexer = LightningIndexer(embed_dim, options.index_heads, options.index_dim)  # type: ignore[arg-type]
 
     def extra_repr(self) -> str:
         return f"layer={self.layer}, slot={self.slot}, kv_owner={self.kv_owner}, local={self.local}"
@@ -276,8 +351,9 @@ class VariantSelfAttention(MultiHeadAttention):
         q = self.q_proj(x).view(B, L, Hq, E).transpose(1, 2)  # (B, L, D) -> (B, Hq, L, E)
         if self.q_norm is not None:
             q = self.q_norm(q)  # RMSNorm over each head's E features, before RoPE (Qwen3)
+        index_key = None
         if self.kv_owner:
-            k, v = self._keys_values(x, rotary, cache, plan)  # (B, H, S, E) each, rotated
+            k, v, index_key = self._keys_values(x, rotary, cache, plan)  # (B, H, S, E) each, rotated
             plan.shared[self.slot] = (k, v)
         else:
             k, v = plan.shared[self.slot]  # the group's first layer computed (and cached) them in this call
@@ -285,14 +361,23 @@ class VariantSelfAttention(MultiHeadAttention):
             q = rotary.rotate(q, offset=k.shape[2] - L, name="query")  # queries sit at the last L slots
         else:
             q = rotate_at(rotary, q, plan.positions)
+        mask, is_causal, scores = plan.mask, plan.is_causal, None
+        if self.indexer is not None:  # the keys this layer may read, then each query's top-k of them
+            allowed = allowed_keys(plan.mask, plan.is_causal, B, L, k.shape[2], x.device)  # (B, L, S)
+            scores = self._index_scores(x.detach(), rotary, plan, k.shape[2], index_key)  # (B, L, S)
+            selected = allowed if plan.index_dense else topk_within(scores, allowed, self.options.index_topk)
+            mask, is_causal = selected.unsqueeze(1), False  # (B, L, S) -> (B, 1, L, S)
+            need_weights = need_weights or plan.index_losses is not None
         if plan.block_mask is not None:
             out, weights = flex_attention(q, k, v, block_mask=plan.block_mask, enable_gqa=H != Hq), None
         elif self.sink_logits is not None:
-            out, weights = sink_attention(q, k, v, self.sink_logits, plan.mask, plan.is_causal, None, H != Hq,
+            out, weights = sink_attention(q, k, v, self.sink_logits, mask, is_causal, None, H != Hq,
                                           need_weights=need_weights)
         else:
-            args = (q, k, v, plan.mask, 0.0, plan.is_causal)
+            args = (q, k, v, mask, 0.0, is_causal)
             out, weights = attention(*args, enable_gqa=H != Hq, need_weights=need_weights)
+        if scores is not None and plan.index_losses is not None:  # eq. (3) (dense) or eq. (4) (the selection)
+            plan.index_losses.append(indexer_kl_loss(scores, weights, mask[:, 0], reduction="mean"))
         if self.gate_proj is not None:  # G1: Y' = Y * sigmoid(X W_theta), per head and feature, before W_O
             gate = self.gate_proj(x).view(B, L, Hq, E).transpose(1, 2)  # (B, L, Hq*E) -> (B, Hq, L, E)
             out = out * torch.sigmoid(gate)
@@ -300,18 +385,37 @@ class VariantSelfAttention(MultiHeadAttention):
         return self.out_proj(out), weights
 
     def _keys_values(self, x: torch.Tensor, rotary: RotaryEmbedding, cache: Optional[KVCache], plan
-                     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """This group's keys and values (B, H, S, E), rotated, after the cached ones (the cache extended)."""
+                     ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """This group's keys and values (B, H, S, E), rotated, after the cached ones (the cache extended), and the
+        indexer's keys (B, S, d_I) (``None`` without an indexer). The cache holds the indexer's keys as extra key
+        heads after the H real ones (:func:`pack_index_keys`), so that they roll, evict and restore with them."""
         B, L, _ = x.shape
         H, E = self.num_kv_heads, self.head_dim
         k = self.k_proj(x).view(B, L, H, E).transpose(1, 2)  # (B, L, D) -> (B, H, L, E)
         v = self.v_proj(x).view(B, L, H, E).transpose(1, 2)  # (B, L, D) -> (B, H, L, E)
         if self.k_norm is not None:
             k = self.k_norm(k)  # before RoPE, and before the cache (a sinks cache rotates what it holds)
-        if plan.rerotate:  # sinks: the cache holds keys before RoPE; every key is rotated by its slot
-            k, v = cache.update(self.slot, k, v)  # (B, H, S, E)
-            return rotary.rotate(k, offset=0, name="key"), v
-        k = rotate_at(rotary, k, plan.positions)
+        if self.indexer is not None:  # the indexer's key (from a detached input) as m extra key heads
+            k = torch.cat([k, pack_heads(self.indexer.key(x.detach()), E)], dim=1)  # (B, H + m, L, E)
+        if not plan.rerotate:
+            k = rotate_at(rotary, k, plan.positions)
         if cache is not None:
-            k, v = cache.update(self.slot, k, v)  # (B, H, S, E)
-        return k, v
+            k, v = cache.update(self.slot, k, v)  # (B, H (+ m), S, E)
+        if plan.rerotate:  # sinks: the cache holds keys before RoPE; every key is rotated by its slot
+            k = rotary.rotate(k, offset=0, name="key")
+        if self.indexer is None:
+            return k, v, None
+        ik = unpack_heads(k[:, H:], 1, self.indexer.index_dim)[:, 0]  # (B, m, S, E) -> (B, S, d_I)
+        return k[:, :H], v, ik
+
+    def _index_scores(self, x: torch.Tensor, rotary: RotaryEmbedding, plan, S: int, index_key: torch.Tensor
+                      ) -> torch.Tensor:
+        """The indexer's scores (B, L, S) of x's queries (rotated at their positions, as the keys are)."""
+        q = self.indexer.query(x)  # (B, H_I, L, d_I)
+        N, L, E = q.shape[1], q.shape[2], self.head_dim
+        packed = pack_heads(q, E)  # (B, H_I m, L, E)
+        if plan.rerotate:
+            packed = rotary.rotate(packed, offset=S - L, name="query")
+        else:
+            packed = rotate_at(rotary, packed, plan.positions)
+        return self.indexer.scores(x, unpack_heads(packed, N, self.indexer.index_dim), index_key)

@@ -39,7 +39,7 @@ from attention_core._checks import check_int, check_positive_int, check_tensor, 
 from attention_core.linear_attention import _gated_delta_chunked, _gated_delta_recurrent
 from attention_core.models._inputs import check_sequence_input, check_state_tensors
 
-__all__ = ["GatedDeltaNet", "GatedDeltaNetState"]
+__all__ = ["GatedDeltaLayer", "GatedDeltaNet", "GatedDeltaNetState"]
 
 
 @dataclass
@@ -123,11 +123,13 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.b_proj(x))  # (B, L, H)
         return log_alpha.transpose(1, 2), beta.transpose(1, 2)  # (B, L, H) -> (B, H, L)
 
-    def _heads(self, x: torch.Tensor, state: Optional[GatedDeltaNetState]
+    def _heads(self, x: torch.Tensor, state: Optional[GatedDeltaNetState], keep: Optional[torch.Tensor] = None
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         B, L, _ = x.shape
         H, E, Ev = self.num_heads, self.head_dim, self.value_dim
         proj = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # (B, L, 2HE + HEv)
+        if keep is not None:  # a skipped token enters the convolution as the zeros before the first token
+            proj = proj * keep.unsqueeze(-1).to(proj.dtype)
         mixed, conv = self._conv(proj, None if state is None else state.conv)
         q, k, v = mixed.split([H * E, H * E, H * Ev], dim=-1)
         q = F.normalize(q.view(B, L, H, E), dim=-1).transpose(1, 2)  # (B, L, H, E) -> (B, H, L, E)
@@ -153,20 +155,31 @@ class GatedDeltaNet(nn.Module):
 
     # -- the public calls
 
-    def forward(self, x: torch.Tensor, state: Optional[GatedDeltaNetState] = None
-                ) -> Tuple[torch.Tensor, GatedDeltaNetState]:
+    def forward(self, x: torch.Tensor, state: Optional[GatedDeltaNetState] = None, *,
+                keep: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, GatedDeltaNetState]:
         """The mixer over a sequence, chunk by chunk (``chunk_size``), continuing from ``state`` if given.
 
         Args:
             x: (B, L, D), the module's dtype and device.
             state: a :class:`GatedDeltaNetState` from an earlier call (the tokens before ``x``), or ``None``.
+            keep: (B, L) bool, or ``None`` (every token): the tokens the state reads. A skipped token (left
+                padding) writes nothing (``beta = 0``, ``alpha = 1``) and enters the short convolution as zeros,
+                so a row computes what it computes without them; its own output is not meaningful.
 
         Returns:
             ``(y (B, L, D), state after the last token)``.
         """
         self._check(x, state)
-        q, k, v, conv = self._heads(x, state)
+        if keep is not None:
+            check_tensor(keep, "keep")
+            if keep.dtype != torch.bool or tuple(keep.shape) != tuple(x.shape[:2]):
+                raise ValueError(f"keep must be a bool (B, L) = {tuple(x.shape[:2])} tensor, got {keep.dtype} "
+                                 f"{fmt_shape(keep.shape)}")
+        q, k, v, conv = self._heads(x, state, keep)
         log_alpha, beta = self.gates(x)
+        if keep is not None:
+            on = keep.unsqueeze(1).to(beta.dtype)  # (B, L) -> (B, 1, L)
+            log_alpha, beta = log_alpha * on, beta * on
         o, S = _gated_delta_chunked(q, k, v, log_alpha, beta, None if state is None else state.S, self.chunk_size)
         return self._out(x, o), GatedDeltaNetState(conv, S)
 
@@ -183,3 +196,38 @@ class GatedDeltaNet(nn.Module):
         log_alpha, beta = self.gates(x)
         o, S = _gated_delta_recurrent(q, k, v, log_alpha, beta, None if state is None else state.S)
         return self._out(x, o).squeeze(1), GatedDeltaNetState(conv, S)  # (B, 1, D) -> (B, D)
+
+
+class GatedDeltaLayer(nn.Module):
+    """A :class:`GatedDeltaNet` in a :class:`~attention_core.models.language_model.DecoderLM`'s stack (a ``"D"`` of
+    ``layer_pattern``), called as the model calls its attention layers: ``(x, rotary, cache, layer, plan, ...)``.
+
+    It has no positions (the delta rule's recurrence orders the tokens) and no keys or values: with a cache it
+    reads and writes its :class:`GatedDeltaNetState` in ``cache.state(layer)`` (fixed size, whatever the number
+    of tokens). It reads the whole text through its state: a ``window`` (a rolling cache, or a window without a
+    cache) limits the attention layers only. Left padding (``plan.real``) is skipped (``keep``). It returns no
+    attention weights (``None``).
+
+    Args:
+        embed_dim: D; num_heads: H (head width ``D // H``); the rest as :class:`GatedDeltaNet`'s defaults.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.mixer = GatedDeltaNet(embed_dim, num_heads)
+
+    def forward(self, x: torch.Tensor, rotary: object, cache: object, layer: int, plan: object,
+                need_weights: bool = False, absorbed: bool = False) -> Tuple[torch.Tensor, None]:
+        """(B, L, D) -> ``(y (B, L, D), None)``, continuing the state the cache holds at ``layer``."""
+        state = None if cache is None else cache.state(layer)
+        y, state = self.mixer(x, state, keep=getattr(plan, "real", None))
+        if cache is not None:
+            cache.set_state(layer, state)
+        return y, None
+
+    def state_bytes(self, batch: int = 1, bytes_per_element: int = 4) -> int:
+        """Bytes of its :class:`GatedDeltaNetState` for ``batch`` sequences: ``(conv_size - 1) (2 H E + H Ev)``
+        convolution inputs and the ``H Ev E`` memory per sequence."""
+        m = self.mixer
+        conv = 0 if m.conv_weight is None else (m.conv_size - 1) * m.conv_weight.shape[0]
+        return batch * bytes_per_element * (conv + m.num_heads * m.value_dim * m.head_dim)

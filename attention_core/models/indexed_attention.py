@@ -46,7 +46,92 @@ from attention_core.functional import attention
 from attention_core.indexer import causal_allowed, causal_topk_mask, indexer_kl_loss, indexer_scores
 from attention_core.models._inputs import check_sequence_input, check_state_tensors
 
-__all__ = ["IndexedAttention", "IndexedAttentionOutput", "IndexedCache"]
+__all__ = ["IndexedAttention", "IndexedAttentionOutput", "IndexedCache", "LightningIndexer", "allowed_keys",
+           "pack_heads", "topk_within", "unpack_heads"]
+
+
+def _lightning_scores(m: nn.Module, x: torch.Tensor, index_key: torch.Tensor) -> torch.Tensor:
+    """Eq. (1) for the queries of x (B, L, D) against index keys (B, S, d_I): (B, L, S); ``m`` has ``index_q``,
+    ``index_w``, ``index_heads`` and ``index_dim``."""
+    B, L, _ = x.shape
+    q = m.index_q(x).view(B, L, m.index_heads, m.index_dim).transpose(1, 2)  # (B, L, H_I d_I) -> (B, H_I, L, d_I)
+    w = m.index_w(x).transpose(1, 2) / math.sqrt(m.index_heads)  # (B, L, H_I) -> (B, H_I, L)
+    return indexer_scores(q / math.sqrt(m.index_dim), index_key, w)  # (B, L, S)
+
+
+class LightningIndexer(nn.Module):
+    """DSA's lightning indexer alone (eq. (1)), as a decoder layer with ``index_topk`` carries it: ``index_q``
+    (D -> H_I d_I), ``index_k`` (D -> d_I, one key per token), ``index_w`` (D -> H_I), no biases; the scores
+    scale as :class:`IndexedAttention`'s (queries by ``1/sqrt(d_I)``, weights by ``1/sqrt(H_I)``). The layer
+    rotates its queries and keys (RoPE, as DeepSeek-V3.2's indexer does) before :meth:`scores`."""
+
+    def __init__(self, embed_dim: int, index_heads: int, index_dim: int) -> None:
+        super().__init__()
+        D = check_positive_int(embed_dim, "embed_dim")
+        self.index_heads = check_positive_int(index_heads, "index_heads")
+        self.index_dim = check_positive_int(index_dim, "index_dim")
+        self.index_q = nn.Linear(D, index_heads * index_dim, bias=False)
+        self.index_k = nn.Linear(D, index_dim, bias=False)
+        self.index_w = nn.Linear(D, index_heads, bias=False)
+
+    def key(self, x: torch.Tensor) -> torch.Tensor:
+        """The indexer keys of x (B, L, D): (B, 1, L, d_I) (one head, shared by the indexer heads)."""
+        return self.index_k(x).unsqueeze(1)  # (B, L, d_I) -> (B, 1, L, d_I)
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        """The indexer queries of x (B, L, D): (B, H_I, L, d_I)."""
+        B, L, _ = x.shape
+        return self.index_q(x).view(B, L, self.index_heads, self.index_dim).transpose(1, 2)  # -> (B, H_I, L, d_I)
+
+    def scores(self, x: torch.Tensor, query: torch.Tensor, index_key: torch.Tensor) -> torch.Tensor:
+        """Eq. (1): ``query`` (B, H_I, L, d_I) (from x (B, L, D), rotated) against ``index_key`` (B, S, d_I)
+        -> (B, L, S); the weights ``w_{t,j}`` come from x."""
+        w = self.index_w(x).transpose(1, 2) / math.sqrt(self.index_heads)  # (B, L, H_I) -> (B, H_I, L)
+        return indexer_scores(query / math.sqrt(self.index_dim), index_key, w)  # (B, L, S)
+
+
+def allowed_keys(mask: Optional[torch.Tensor], is_causal: bool, B: int, L: int, S: int,
+                 device: torch.device) -> torch.Tensor:
+    """The keys each query may read, (B, L, S) bool, from an attention call's bool ``mask`` ((L, S) or
+    (B, 1, L, S), True = attend) or its ``is_causal`` flag (SDPA's upper-left), or every key when neither."""
+    if mask is None:
+        allowed = causal_allowed(L, S, 0, device) if is_causal else torch.ones(L, S, dtype=torch.bool, device=device)
+        return allowed.expand(B, L, S)
+    if mask.dtype != torch.bool:
+        raise ValueError(f"an indexed layer needs a bool attention mask, got {mask.dtype}")
+    return (mask if mask.dim() == 2 else mask[:, 0]).expand(B, L, S)  # (B, 1, L, S) -> (B, L, S)
+
+
+def topk_within(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
+    """Each query's ``k`` keys of largest score among its ``allowed`` ones (all of them when it has at most
+    ``k``): scores (B, L, S), allowed (B, L, S) bool -> (B, L, S) bool (True = attend). The selection passes no
+    gradient. Ties (frequent: a key whose ReLU terms are all 0 scores exactly 0) go to the most recent key, by a
+    stable sort, so that a query selects the same keys whether it comes alone (decoding) or with others."""
+    S = scores.shape[-1]
+    if S == 0:
+        return allowed.clone()
+    masked = scores.detach().masked_fill(~allowed, float("-inf")).flip(-1)  # (B, L, S), the most recent key first
+    order = masked.sort(dim=-1, descending=True, stable=True).indices[..., : min(k, S)]  # (B, L, min(k, S))
+    idx = S - 1 - order  # back to key indices
+    keep = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, idx, True)
+    return keep & allowed  # a query with fewer than k candidates picked some -inf keys: dropped here
+
+
+def pack_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Vectors (B, N, L, d) as ``m = ceil(d / E)`` heads of width E each, zero-padded: (B, N m, L, E). The
+    indexer's keys travel so in a :class:`~attention_core.models.kv_cache.KVCache` entry beside the layer's keys,
+    and its queries and keys are rotated so by the model's rotary table (RoPE block by block)."""
+    B, N, L, d = x.shape
+    m = -(-d // head_dim)
+    padded = torch.nn.functional.pad(x, (0, m * head_dim - d))  # (B, N, L, m E)
+    return padded.view(B, N, L, m, head_dim).transpose(2, 3).reshape(B, N * m, L, head_dim)  # -> (B, N m, L, E)
+
+
+def unpack_heads(heads: torch.Tensor, N: int, d: int) -> torch.Tensor:
+    """The inverse of :func:`pack_heads`: (B, N m, L, E) -> (B, N, L, d)."""
+    B, Nm, L, E = heads.shape
+    m = Nm // N
+    return heads.view(B, N, m, L, E).transpose(2, 3).reshape(B, N, L, m * E)[..., :d]  # -> (B, N, L, d)
 
 
 @dataclass(frozen=True)
@@ -119,10 +204,7 @@ class IndexedAttention(nn.Module):
 
     def index_scores(self, x: torch.Tensor, index_key: torch.Tensor) -> torch.Tensor:
         """Eq. (1) for the queries of x (B, L, D) against index keys (B, S, d_I): (B, L, S)."""
-        B, L, _ = x.shape
-        q = self.index_q(x).view(B, L, self.index_heads, self.index_dim).transpose(1, 2)  # (B, H_I, L, d_I)
-        w = self.index_w(x).transpose(1, 2) / math.sqrt(self.index_heads)  # (B, L, H_I) -> (B, H_I, L)
-        return indexer_scores(q / math.sqrt(self.index_dim), index_key, w)  # (B, L, S)
+        return _lightning_scores(self, x, index_key)
 
     def _check(self, x: object, cache: object) -> None:
         check_sequence_input(x, "x", self.q_proj.weight)

@@ -37,7 +37,7 @@ form (``mask_mods.dense_mask``) is built where SDPA needs a tensor.
 from __future__ import annotations
 
 import weakref
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -214,10 +214,13 @@ class KVCache:
             by doubling when a call needs more.
         layer_windows: a full cache only (no ``window``, no ``sinks``): per layer, ``None`` (keep every token)
             or W >= 1 (keep the W - 1 most recent between calls, as a rolling cache does).
+        recurrent: per layer, whether it holds a recurrent state (:meth:`state`, e.g. a gated delta layer's) instead
+            of keys and values; at least one layer holds keys and values. ``None``: none does.
     """
 
     def __init__(self, num_layers: int, window: Optional[int] = None, sinks: int = 0, *,
-                 max_len: Optional[int] = None, layer_windows: Optional[Sequence[Optional[int]]] = None) -> None:
+                 max_len: Optional[int] = None, layer_windows: Optional[Sequence[Optional[int]]] = None,
+                 recurrent: Optional[Sequence[bool]] = None) -> None:
         self.num_layers = check_positive_int(num_layers, "num_layers")
         self.window = None if window is None else check_positive_int(window, "window")
         self.sinks = check_positive_int(sinks, "sinks", allow_zero=True)
@@ -235,6 +238,16 @@ class KVCache:
                                  "layer already)")
             self.layer_windows = [None if w is None else check_positive_int(w, f"layer_windows[{i}]")
                                   for i, w in enumerate(layer_windows)]
+        self.recurrent: Tuple[bool, ...] = (False,) * num_layers
+        if recurrent is not None:
+            if isinstance(recurrent, (str, bytes)) or not isinstance(recurrent, Sequence) \
+                    or len(recurrent) != num_layers or any(not isinstance(r, bool) for r in recurrent) \
+                    or all(recurrent):
+                raise ValueError(f"recurrent must be a sequence of num_layers = {num_layers} bools, not all True "
+                                 f"(some layer holds keys and values), got {recurrent!r:.80}")
+            self.recurrent = tuple(recurrent)
+        self._ref = self.recurrent.index(False)  # a layer that holds keys and values: its length is the cache's
+        self._states: List[Any] = [None] * num_layers
         self._k: List[Optional[torch.Tensor]] = [None] * num_layers
         self._v: List[Optional[torch.Tensor]] = [None] * num_layers
         self._len: List[int] = [0] * num_layers
@@ -253,7 +266,17 @@ class KVCache:
 
     def __len__(self) -> int:
         """Tokens held now (per layer; with ``layer_windows``, by the layers that hold the most)."""
-        return self._len[0] if self.layer_windows is None else max(self._len)
+        return self._len[self._ref] if self.layer_windows is None else max(self._len)
+
+    def state(self, layer: int) -> Any:
+        """The recurrent state layer ``layer`` holds (``None`` before its first token)."""
+        return self._states[layer]
+
+    def set_state(self, layer: int, state: Any) -> None:
+        """Replace layer ``layer``'s recurrent state (a new object: a snapshot keeps a reference to the old one)."""
+        if not self.recurrent[layer]:
+            raise ValueError(f"layer {layer} holds keys and values, not a recurrent state")
+        self._states[layer] = state
 
     def held(self, layer: int) -> int:
         """Tokens layer ``layer`` holds now (fewer than ``len(cache)`` for a layer that rolls alone)."""
@@ -281,7 +304,7 @@ class KVCache:
     @property
     def slots(self) -> int:
         """Slots allocated per layer (>= ``len(cache)``)."""
-        return 0 if self._k[0] is None else self._k[0].shape[2]
+        return 0 if self._k[self._ref] is None else self._k[self._ref].shape[2]
 
     @property
     def capacity(self) -> Optional[int]:
@@ -291,12 +314,13 @@ class KVCache:
     @property
     def batch_size(self) -> Optional[int]:
         """B of the cached tensors, or ``None`` while the cache is empty (any batch may fill it)."""
-        return None if len(self) == 0 or self._k[0] is None else self._k[0].shape[0]
+        ref = self._k[self._ref]
+        return None if len(self) == 0 or ref is None else ref.shape[0]
 
     def nbytes(self) -> int:
-        """Bytes of the keys and values in use (the preallocated slack not counted)."""
-        return sum(t.numel() * t.element_size() for store in (self.keys, self.values) for t in store
-                   if t is not None)
+        """Bytes of the keys and values in use (the preallocated slack not counted), and of the recurrent states."""
+        kv = sum(t.numel() * t.element_size() for store in (self.keys, self.values) for t in store if t is not None)
+        return kv + sum(s.nbytes() for s in self._states if s is not None)
 
     def positions(self, L: int, device: Optional[torch.device] = None) -> torch.Tensor:
         """Positions of the next ``L`` tokens: (L,), or (B, L) with left padding (padding rows clamped to 0)."""
@@ -365,7 +389,7 @@ class KVCache:
             return
         keep = self.window - 1  # the next query brings its own key: W - 1 earlier ones complete its window
         s = self.sinks
-        for layer in range(self.num_layers):
+        for layer in (i for i in range(self.num_layers) if not self.recurrent[i]):
             for buf in (self._k[layer], self._v[layer]):
                 buf[:, :, s : s + keep] = buf[:, :, n - keep : n].clone()  # move the recent ones to the front
             self._len[layer] = s + keep
@@ -376,6 +400,9 @@ class KVCache:
         """Keep the first ``n`` tokens only (a full cache; speculative decoding rolls back rejected drafts)."""
         if self.window is not None or (self.layer_windows and any(w is not None for w in self.layer_windows)):
             raise ValueError("crop needs a full cache (a rolling cache has evicted the slots it would return to)")
+        if any(self.recurrent):
+            raise ValueError("crop needs a cache of keys and values only: a recurrent state (a gated delta layer's) "
+                             "cannot return to an earlier token")
         n = check_positive_int(n, "n", allow_zero=True)
         if n > len(self):
             raise ValueError(f"crop(n={n}) but the cache holds {len(self)} tokens")
@@ -387,6 +414,7 @@ class KVCache:
         self._k = [None] * self.num_layers
         self._v = [None] * self.num_layers
         self._len = [0] * self.num_layers
+        self._states = [None] * self.num_layers
         self.seen = 0
         self.pad = self._pad0 = None
 
@@ -407,7 +435,7 @@ class KVCache:
             held = [(k.clone(), v.clone()) if k is not None and w is not None else None
                     for k, v, w in zip(self.keys, self.values, self.layer_windows)]
         snap = CacheSnapshot(self, (list(self._k), list(self._v), list(self._len), self.seen, self.pad, self._pad0,
-                                    held))
+                                    held, list(self._states)))
         self._live.add(snap)
         return snap
 
@@ -419,8 +447,9 @@ class KVCache:
             raise ValueError("state is a snapshot of another cache: restore it into the cache that took it")
         if state.released:
             raise ValueError("state was released (its slots are no longer kept): it cannot be restored")
-        ks, vs, lens, seen, pad, pad0, held = state.state
+        ks, vs, lens, seen, pad, pad0, held, states = state.state
         self._k, self._v, self._len, self.seen, self.pad, self._pad0 = list(ks), list(vs), list(lens), seen, pad, pad0
+        self._states = list(states)  # states are replaced, never written in place: the references suffice
         if held is not None:
             for layer, kv in enumerate(held):
                 if kv is not None:

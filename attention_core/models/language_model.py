@@ -29,7 +29,8 @@ The attention of every layer is multi-head (``num_kv_heads = num_heads``), group
 (``num_kv_heads = 1``) or multi-head latent attention (``attention="latent"``, DeepSeek-V2: the cache holds a
 latent and a rotary key per token, and decoding reads it in the absorbed form). Standard attention takes the
 options of recent models (:mod:`attention_core.models.attention_variants`): an output gate, learned sink logits,
-QK-norm, keys and values shared across layers, local/global layers; all are off unless a config names them.
+QK-norm, keys and values shared across layers, local/global layers, gated delta layers in a hybrid stack (their
+fixed-size state in the cache), top-k attention chosen by a learned indexer; all are off unless a config names them.
 :func:`parameter_count` and :func:`feedforward_for_budget` count a config's parameters and match a budget.
 
 Sampling (:func:`sample_next_token`, :func:`generate`): greedy (``temperature=0``), temperature, top-k and top-p
@@ -63,8 +64,10 @@ from attention_core.models.attention_variants import (
     VariantSelfAttention,
     count_parameters,
     layer_is_local,
+    layer_kind,
     local_decode_mask,
 )
+from attention_core.models.gated_delta import GatedDeltaLayer
 from attention_core.models.generation import generate
 from attention_core.models.kv_cache import KVCache, _release_snapshot, cached_causal_mask, decode_mask, rotate_at
 from attention_core.models.latent_attention import LatentSelfAttention
@@ -103,7 +106,10 @@ class _Plan:
     ``mask``/``is_causal``: the attention mask (dense, from the mask mods) or SDPA's flag;
     ``block_mask``: a flex-attention block mask instead (full-sequence calls only);
     ``shared``: each key/value group's keys and values, from the layer that computes them to the layers that
-    reuse them (cross-layer sharing); ``local``: the plan of each local layer (a sliding window), by layer.
+    reuse them (cross-layer sharing); ``local``: the plan of each local layer (a sliding window), by layer;
+    ``real``: (B, L) bool, the tokens that are not left padding (``None``: all; the gated delta layers skip the
+    others); ``index_dense``: indexed layers attend to every allowed key (the indexer's warm-up);
+    ``index_losses``: a list each indexed layer appends its indexer loss to, or ``None`` (not asked).
     """
 
     positions: Optional[torch.Tensor]
@@ -113,6 +119,9 @@ class _Plan:
     block_mask: Optional[BlockMask] = None
     shared: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     local: Dict[int, _Plan] = field(default_factory=dict)
+    real: Optional[torch.Tensor] = None
+    index_dense: bool = False
+    index_losses: Optional[List[torch.Tensor]] = None
 
 
 def left_pad(rows: List[torch.Tensor], pad_id: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -135,10 +144,12 @@ def left_pad(rows: List[torch.Tensor], pad_id: int = 0) -> Tuple[torch.Tensor, t
 @dataclass
 class LMOutput:
     """What :class:`DecoderLM` returns: ``logits`` (B, L, V) and, when asked, every layer's attention
-    weights, a list of (B, Hq, L, S) tensors."""
+    weights, a list of (B, Hq, L, S) tensors (``None`` for a gated delta layer), and the indexer loss
+    (``need_index_loss``: the mean over the indexed layers of DSA's KL, a 0-d tensor)."""
 
     logits: torch.Tensor
-    weights: Optional[List[torch.Tensor]] = None
+    weights: Optional[List[Optional[torch.Tensor]]] = None
+    index_loss: Optional[torch.Tensor] = None
 
 
 class CausalSelfAttention(MultiHeadAttention):
@@ -202,8 +213,9 @@ class DecoderBlock(nn.Module):
 
     ``attn`` is :class:`CausalSelfAttention` (MHA, GQA, MQA) or, with ``latent=(d_c, d_r)``,
     :class:`~attention_core.models.latent_attention.LatentSelfAttention` (MLA, head size D / num_heads), or, with
-    ``options`` that change the attention (gate, sink logits, QK-norm, shared keys and values),
-    :class:`~attention_core.models.attention_variants.VariantSelfAttention` for layer ``layer``.
+    ``options`` that change the attention (gate, sink logits, QK-norm, shared keys and values, indexer),
+    :class:`~attention_core.models.attention_variants.VariantSelfAttention` for layer ``layer``, or, for a ``"D"``
+    of ``layer_pattern``, :class:`~attention_core.models.gated_delta.GatedDeltaLayer` (the gated delta rule).
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: Optional[int], dim_feedforward: int,
@@ -211,8 +223,10 @@ class DecoderBlock(nn.Module):
                  layer: int = 0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        if options is not None and options.changes_attention:
-            self.attn: nn.Module = VariantSelfAttention(d_model, num_heads, num_kv_heads, options, layer)
+        if options is not None and layer_kind(options.layer_pattern, layer) == "D":
+            self.attn: nn.Module = GatedDeltaLayer(d_model, check_positive_int(num_heads, "num_heads"))
+        elif options is not None and options.changes_attention:
+            self.attn = VariantSelfAttention(d_model, num_heads, num_kv_heads, options, layer)
         elif latent is None:
             self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads)
         else:
@@ -251,7 +265,14 @@ class DecoderLM(nn.Module):
         rope_dim: MLA's d_r, the decoupled rotary key's size, even (``attention="latent"`` only).
         output_gate, sink_logits, qk_norm, kv_share, layer_pattern, local_window: the recent-model options of
             :mod:`attention_core.models.attention_variants` (output gate, learned sink logits, QK-norm,
-            cross-layer key/value sharing, local/global layers); ``None`` = off (standard attention only).
+            cross-layer key/value sharing, local/global layers, and ``"D"`` in ``layer_pattern``: gated delta
+            layers, :class:`~attention_core.models.gated_delta.GatedDeltaLayer`); ``None`` = off (standard
+            attention only).
+        index_topk, index_heads, index_dim: learned sparse attention (DeepSeek Sparse Attention): every attention
+            layer gets a lightning indexer (``index_heads`` heads of width ``index_dim``, defaults 4 and 16) and
+            each query attends to the ``index_topk`` keys of largest index score among those it may read. The
+            indexer learns from its own loss only (``need_index_loss``); see
+            :mod:`attention_core.models.attention_variants`.
     """
 
     def __init__(self, vocab_size: int, d_model: int = 128, num_layers: int = 4, num_heads: int = 4,
@@ -260,7 +281,8 @@ class DecoderLM(nn.Module):
                  kv_latent_dim: Optional[int] = None, rope_dim: Optional[int] = None,
                  output_gate: Optional[bool] = None, sink_logits: Optional[bool] = None,
                  qk_norm: Optional[bool] = None, kv_share: Optional[int] = None, layer_pattern: Optional[str] = None,
-                 local_window: Optional[int] = None) -> None:
+                 local_window: Optional[int] = None, index_topk: Optional[int] = None,
+                 index_heads: Optional[int] = None, index_dim: Optional[int] = None) -> None:
         super().__init__()
         for name, n in {"vocab_size": vocab_size, "d_model": d_model, "num_layers": num_layers,
                         "context": context, "max_positions": max_positions}.items():
@@ -278,7 +300,7 @@ class DecoderLM(nn.Module):
         elif kv_latent_dim is not None or rope_dim is not None:
             raise ValueError("kv_latent_dim and rope_dim belong to attention='latent'")
         self.options = AttentionOptions.check(num_layers, attention, output_gate, sink_logits, qk_norm, kv_share,
-                                              layer_pattern, local_window)
+                                              layer_pattern, local_window, index_topk, index_heads, index_dim)
         self.vocab_size, self.d_model, self.num_layers, self.context = vocab_size, d_model, num_layers, context
         self.attention = attention
         self.embed = nn.Embedding(vocab_size, d_model)
@@ -287,10 +309,11 @@ class DecoderLM(nn.Module):
             for i in range(num_layers)
         )
         self.local_layers = tuple(layer_is_local(layer_pattern, i) for i in range(num_layers))
+        self.recurrent_layers = tuple(layer_kind(layer_pattern, i) == "D" for i in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.embed.weight  # tied read-out (GPT-2)
-        attn = self.blocks[0].attn
+        attn = self.blocks[self.recurrent_layers.index(False)].attn  # an attention layer (there is one)
         self.num_heads, self.head_dim = attn.num_heads, attn.head_dim
         self.num_kv_heads = attn.num_kv_heads if latent is None else None
         rotary_dim = self.head_dim if latent is None else latent[1]
@@ -302,10 +325,10 @@ class DecoderLM(nn.Module):
         """GPT-2's initialisation: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers)."""
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * self.num_layers) if name.endswith(("out_proj.weight",
+                std = 0.02 / math.sqrt(2 * self.num_layers) if name.endswith(("out_proj.weight", "o_proj.weight",
                                                                               "linear2.weight")) else 0.02
                 nn.init.normal_(p, std=std)
-            elif name.endswith("bias"):
+            elif name.endswith(".bias"):  # not the gated delta layers' dt_bias (Mamba2's initialisation)
                 nn.init.zeros_(p)
 
     def new_cache(self, window: Optional[int] = None, sinks: int = 0, max_len: Optional[int] = None) -> KVCache:
@@ -313,10 +336,12 @@ class DecoderLM(nn.Module):
         preallocate that many slots, a static cache). A full cache of a model with local layers rolls the entries
         that only local layers read (``layer_windows``): they hold ``local_window - 1`` tokens between calls."""
         W, share = self.options.local_window, self.options.kv_share
+        recurrent = list(self.recurrent_layers) if any(self.recurrent_layers) else None  # kv_share is 1 then
         if W is None or window is not None or sinks:
-            return KVCache(self.cache_layers, window, sinks, max_len=max_len)
+            return KVCache(self.cache_layers, window, sinks, max_len=max_len, recurrent=recurrent)
         rolling = [W if all(self.local_layers[g * share : (g + 1) * share]) else None for g in range(self.cache_layers)]
-        return KVCache(self.cache_layers, max_len=max_len, layer_windows=None if set(rolling) == {None} else rolling)
+        return KVCache(self.cache_layers, max_len=max_len, layer_windows=None if set(rolling) == {None} else rolling,
+                       recurrent=recurrent)
 
     @property
     def cache_layers(self) -> int:
@@ -325,28 +350,35 @@ class DecoderLM(nn.Module):
         return self.num_layers // self.options.kv_share
 
     def cache_numbers_per_token(self) -> int:
-        """Numbers the cache holds per token and layer: ``2 H_kv E`` (``2 H_kv E / kv_share`` when layers share
-        keys and values), or ``d_c + d_r`` for latent attention."""
-        a = self.blocks[0].attn
+        """Numbers the cache holds per token and attention layer: ``2 H_kv E`` (``2 H_kv E / kv_share`` when
+        layers share keys and values), plus ``ceil(d_I / E) E`` with an indexer (its key per token, stored as
+        extra key heads), or ``d_c + d_r`` for latent attention."""
+        a = self.blocks[self.recurrent_layers.index(False)].attn
         if self.attention == "latent":
             return a.kv_latent_dim + a.rope_dim
-        return 2 * a.num_kv_heads * a.head_dim // self.options.kv_share
+        index = 0 if self.options.index_dim is None else -(-self.options.index_dim // a.head_dim) * a.head_dim
+        return (2 * a.num_kv_heads * a.head_dim + index) // self.options.kv_share
 
     def cache_bytes(self, tokens: int, batch: int = 1, bytes_per_element: int = 4) -> int:
-        """Bytes of keys and values that :meth:`new_cache`'s full cache holds after ``tokens`` tokens: every layer's
-        (or key/value group's) ``tokens``, except the entries only local layers read, which keep at most
-        ``local_window - 1``."""
+        """Bytes that :meth:`new_cache`'s full cache holds after ``tokens`` tokens: the keys and values of every
+        attention layer's (or key/value group's) ``tokens``, except the entries only local layers read, which keep
+        at most ``local_window - 1``; and the fixed-size state of every gated delta layer (once ``tokens >= 1``)."""
         tokens = check_positive_int(tokens, "tokens", allow_zero=True)
         batch, bytes_per_element = check_positive_int(batch, "batch"), check_positive_int(bytes_per_element,
                                                                                          "bytes_per_element")
         windows = self.new_cache().layer_windows or [None] * self.cache_layers
-        held = sum(tokens if w is None else min(tokens, w - 1) for w in windows)
+        held = sum(tokens if w is None else min(tokens, w - 1)
+                   for w, rec in zip(windows, self.recurrent_layers if self.options.kv_share == 1 else
+                                     [False] * self.cache_layers) if not rec)
         per_entry = self.num_layers * self.cache_numbers_per_token() // self.cache_layers
-        return held * per_entry * batch * bytes_per_element
+        states = sum(b.attn.state_bytes(batch, bytes_per_element) for b, rec in zip(self.blocks, self.recurrent_layers)
+                     if rec) if tokens else 0
+        return held * per_entry * batch * bytes_per_element + states
 
     def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, window: Optional[int] = None,
                 need_weights: bool = False, *, pad: Optional[torch.Tensor] = None,
-                block_mask: Optional[BlockMask] = None, absorbed: Optional[bool] = None) -> LMOutput:
+                block_mask: Optional[BlockMask] = None, absorbed: Optional[bool] = None,
+                need_index_loss: bool = False, index_dense: bool = False) -> LMOutput:
         """Logits for the next token at every position of ``tokens``.
 
         Args:
@@ -363,14 +395,21 @@ class DecoderLM(nn.Module):
                 cache, window or padding: attention runs through ``flex_attention`` (its mask mod decides causality).
             absorbed: latent attention only: the absorbed form (default with a cache) or the expanded one
                 (default without).
+            need_index_loss: a model with ``index_topk`` only: also return the indexer loss (``index_loss``).
+            index_dense: a model with ``index_topk`` only: indexed layers attend to every key they may read (the
+                indexer's dense warm-up, DSA's eq. (3)) instead of their top-k.
 
         Returns:
             :class:`LMOutput`, logits (B, L, V).
         """
         self._check_call(tokens, cache, window, need_weights, pad, block_mask)
+        for name, flag in (("need_index_loss", need_index_loss), ("index_dense", index_dense)):
+            if check_bool_flag(flag, name) and self.options.index_topk is None:
+                raise ValueError(f"{name}=True needs a model with an indexer (index_topk), got index_topk=None")
+        index = (index_dense, [] if need_index_loss else None)
         absorbed = (cache is not None) if absorbed is None else check_bool_flag(absorbed, "absorbed")
         if cache is None:
-            return self._forward(tokens, None, window, need_weights, pad, block_mask, absorbed)
+            return self._forward(tokens, None, window, need_weights, pad, block_mask, absorbed, index)
         # Transactional: a call that raises (a backend that refuses, say, in a later layer than the first) leaves
         # the cache exactly as it was, never with some layers appended and others not.
         state = cache.snapshot()
@@ -378,11 +417,12 @@ class DecoderLM(nn.Module):
             if pad is not None:
                 cache.set_padding(pad)
             if cache.sinks and len(cache) + tokens.shape[1] > cache.capacity:
-                if need_weights:
-                    raise ValueError("need_weights=True with sinks: feed at most cache.capacity - len(cache) "
-                                     "tokens per call (the slots move while tokens are evicted)")
+                if need_weights or need_index_loss or index_dense:
+                    raise ValueError("need_weights, need_index_loss or index_dense with sinks: feed at most "
+                                     "cache.capacity - len(cache) tokens per call (the slots move while tokens are "
+                                     "evicted)")
                 return self._forward_in_steps(tokens, cache, absorbed)
-            return self._forward(tokens, cache, None, need_weights, None, None, absorbed)
+            return self._forward(tokens, cache, None, need_weights, None, None, absorbed, index)
         except BaseException:
             cache.restore(state)
             raise
@@ -419,6 +459,11 @@ class DecoderLM(nn.Module):
             if self.options.sink_logits:
                 raise ValueError("block_mask does not take the learned sink logits (sink_logits=True): flex "
                                  "attention has no sink column; call without block_mask")
+            if self.options.index_topk is not None or self.options.has_gated_delta:
+                raise ValueError(f"block_mask is for attention layers only: not with an indexer (index_topk="
+                                 f"{self.options.index_topk}) or gated delta layers (layer_pattern="
+                                 f"{self.options.layer_pattern!r}), whose keys the mask mod cannot choose; call "
+                                 "without block_mask")
             if tuple(block_mask.seq_lengths) != (L, L):
                 raise ValueError(f"block_mask covers {tuple(block_mask.seq_lengths)} but tokens has L = {L}: "
                                  f"build it for ({L}, {L})")
@@ -458,6 +503,10 @@ class DecoderLM(nn.Module):
               block_mask: Optional[BlockMask], device: torch.device) -> _Plan:
         """Positions and mask of a call, shared by every layer (``local``: the local layers' plan, if any)."""
         plan = self._global_plan(L, cache, window, pad, block_mask, device)
+        if any(self.recurrent_layers):  # the gated delta layers skip left padding
+            first, pad0 = (0, pad) if cache is None else (cache.seen, cache._pad0)
+            if pad0 is not None:
+                plan.real = torch.arange(first, first + L, device=device)[None] >= pad0.to(device)[:, None]  # (B, L)
         W = self.options.local_window
         if W is None:
             return plan
@@ -506,8 +555,12 @@ class DecoderLM(nn.Module):
 
     def _forward(self, tokens: torch.Tensor, cache: Optional[KVCache], window: Optional[int],
                  need_weights: bool, pad: Optional[torch.Tensor] = None, block_mask: Optional[BlockMask] = None,
-                 absorbed: bool = False) -> LMOutput:
+                 absorbed: bool = False, index: Tuple[bool, Optional[List[torch.Tensor]]] = (False, None)
+                 ) -> LMOutput:
         plan = self._plan(tokens.shape[1], cache, window, pad, block_mask, tokens.device)
+        plan.index_dense, plan.index_losses = index
+        for local in plan.local.values():  # the local layers' plans (copies made before these were set)
+            local.index_dense, local.index_losses = index
         x = self.embed(tokens)  # (B, L) -> (B, L, D)
         weights = [] if need_weights else None
         for i, block in enumerate(self.blocks):
@@ -516,7 +569,9 @@ class DecoderLM(nn.Module):
                 weights.append(w)
         if cache is not None:
             cache.step_done(tokens.shape[1])
-        return LMOutput(self.lm_head(self.norm(x)), weights)
+        losses = plan.index_losses
+        index_loss = None if losses is None else torch.stack(losses).mean()
+        return LMOutput(self.lm_head(self.norm(x)), weights, index_loss)
 
     def _forward_in_steps(self, tokens: torch.Tensor, cache: KVCache, absorbed: bool) -> LMOutput:
         """With sinks, slots move as tokens are evicted: fill the cache in one pass, then one token at a time."""
@@ -534,8 +589,9 @@ class LMConfig:
     ``dim_feedforward`` means ``num_heads`` and ``4 * d_model``, for ``seed`` the global generator, for
     ``attention`` ``"standard"`` (``"latent"`` with ``kv_latent_dim`` and ``rope_dim``: multi-head latent attention).
     The recent-model options (``output_gate``, ``sink_logits``, ``qk_norm``, ``kv_share``, ``layer_pattern`` with
-    ``local_window``; :mod:`attention_core.models.attention_variants`) are off when ``None``, so a config that
-    does not name them, every shipped checkpoint's among them, builds the model it always built.
+    ``local_window`` (its letters ``"L"``, ``"G"`` and ``"D"``, a gated delta layer), ``index_topk`` with
+    ``index_heads`` and ``index_dim``; :mod:`attention_core.models.attention_variants`) are off when ``None``, so
+    a config that does not name them, every shipped checkpoint's among them, builds the model it always built.
     """
 
     vocab_size: int
@@ -557,6 +613,9 @@ class LMConfig:
     kv_share: Optional[int] = None
     layer_pattern: Optional[str] = None
     local_window: Optional[int] = None
+    index_topk: Optional[int] = None
+    index_heads: Optional[int] = None
+    index_dim: Optional[int] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields that differ from ``None``, as a checkpoint's ``config`` records them."""
