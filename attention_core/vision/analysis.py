@@ -98,8 +98,9 @@ def layout_gap(pos: torch.Tensor, grid: Tuple[int, int], near: float = 1.0, far:
         far: pairs at least ``far`` patches apart are distant.
 
     Returns:
-        A float, positive when neighbours are more alike than distant patches (a 2-D layout); when the
-        similarities ignore the grid it falls among the gaps of shuffled grids (:func:`layout_gap_null`).
+        A float, positive when neighbours are more alike than distant patches (a 2-D layout), negative when
+        they are less alike; when the similarities ignore the grid it falls among the gaps of shuffled grids
+        (:func:`layout_gap_null`).
     """
     sim = position_similarity(pos)  # (N, N)
     if sim.shape[0] != grid[0] * grid[1]:
@@ -113,7 +114,8 @@ def layout_gap_null(pos: torch.Tensor, grid: Tuple[int, int], draws: int = 1000,
     """The control for :func:`layout_gap`: the gap of the same vectors placed on the grid in a random order.
 
     Returns (draws,) float64: the gap after each of ``draws`` random relabellings of the positions (seeded). A
-    layout learned from data puts the real gap above nearly all of them; vectors that ignore the grid do not.
+    layout learned from data puts the real gap above nearly all of them, vectors that ignore the grid put it
+    anywhere among them, and a gap below nearly all of them means neighbours less alike than distant patches.
     """
     check_positive_int(draws, "draws")
     g = torch.Generator().manual_seed(seed)
