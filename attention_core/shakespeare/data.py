@@ -215,6 +215,23 @@ def bigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, alpha: 
     return float(loss) if math.isfinite(float(loss)) else math.inf
 
 
+def _ngram_rows(train: torch.Tensor, val: torch.Tensor, vocab_size: int, n: int) -> torch.Tensor:
+    """The validation rows (B, N) of an n-gram table's loss, after the checks every table makes: ids in the
+    vocabulary, ``val`` of rank 1 or 2 with rows of at least 2 ids, ``n >= 1`` with codes that fit in int64, and
+    at least ``n`` training ids."""
+    _check_ids(train, "train", vocab_size)
+    check_token_ids(val, "val", vocab_size, dtypes=(torch.int64, torch.int32), rank=val.dim() if
+                    isinstance(val, torch.Tensor) and val.dim() in (1, 2) else 1)
+    check_positive_int(n, "n")
+    if vocab_size ** n >= 2 ** 62:
+        raise ValueError(f"vocab_size ** n must fit in int64 codes, got {vocab_size} ** {n}")
+    rows = (val if val.dim() == 2 else val[None]).long()  # (B, N)
+    if rows.shape[1] < 2 or len(train) < n:
+        raise ValueError(f"val's rows must hold at least 2 ids and train at least n = {n}, got val of shape "
+                         f"{fmt_shape(val.shape)} and train of {len(train)}")
+    return rows
+
+
 def ngram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, n: int, alpha: float = 1.0) -> float:
     """Cross-entropy (nats per character) on ``val`` of ``P(next | up to n - 1 previous)`` counted on ``train``.
 
@@ -228,17 +245,8 @@ def ngram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int, n: int, 
     ``alpha * vocab_size`` pseudo-counts whatever its count, so rare long contexts are pulled towards uniform and
     a longer table can score worse than a shorter one; :func:`discounted_ngram_loss` smooths them properly.
     """
-    _check_ids(train, "train", vocab_size)
-    check_token_ids(val, "val", vocab_size, dtypes=(torch.int64, torch.int32), rank=val.dim() if
-                    isinstance(val, torch.Tensor) and val.dim() in (1, 2) else 1)
-    check_positive_int(n, "n")
+    rows = _ngram_rows(train, val, vocab_size, n)  # (B, N)
     check_real(alpha, "alpha", low=0, low_open=True)
-    if vocab_size ** n >= 2 ** 62:
-        raise ValueError(f"vocab_size ** n must fit in int64 codes, got {vocab_size} ** {n}")
-    rows = (val if val.dim() == 2 else val[None]).long()  # (B, N)
-    if rows.shape[1] < 2 or len(train) < n:
-        raise ValueError(f"val's rows must hold at least 2 ids and train at least n = {n}, got val of shape "
-                         f"{fmt_shape(val.shape)} and train of {len(train)}")
 
     def codes(windows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """(..., k + 1) windows -> base-V codes of their first k ids and of all k + 1."""
@@ -298,17 +306,8 @@ def discounted_ngram_log_probs(train: torch.Tensor, val: torch.Tensor, vocab_siz
 def _discounted_orders(train: torch.Tensor, val: torch.Tensor, vocab_size: int, n: int, discount: float
                        ) -> Iterator[torch.Tensor]:
     """Yield the (B, N - 1) log-probabilities of :func:`discounted_ngram_log_probs` for orders 1, 2, .., n."""
-    _check_ids(train, "train", vocab_size)
-    check_token_ids(val, "val", vocab_size, dtypes=(torch.int64, torch.int32), rank=val.dim() if
-                    isinstance(val, torch.Tensor) and val.dim() in (1, 2) else 1)
-    check_positive_int(n, "n")
+    rows = _ngram_rows(train, val, vocab_size, n)  # (B, N)
     D = check_real(discount, "discount", low=0, high=1, low_open=True)
-    if vocab_size ** n >= 2 ** 62:
-        raise ValueError(f"vocab_size ** n must fit in int64 codes, got {vocab_size} ** {n}")
-    rows = (val if val.dim() == 2 else val[None]).long()  # (B, N)
-    if rows.shape[1] < 2 or len(train) < n:
-        raise ValueError(f"val's rows must hold at least 2 ids and train at least n = {n}, got val of shape "
-                         f"{fmt_shape(val.shape)} and train of {len(train)}")
     train = train.long()
     unigram = torch.bincount(train, minlength=vocab_size).double() + 1  # (V,)
     p = (unigram / unigram.sum())[rows[:, 1:]]  # (B, N - 1): order 1 (no context), for every predicted character
