@@ -503,6 +503,16 @@ def _profile_off(q, k, v):  # switches the profile hook off, then calls SDPA
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def _onnx_attention(q, k, v):  # ONNX's Attention with a float causal bias: its own path, not SDPA
+    bias = torch.zeros(q.shape[0], k.shape[0], dtype=q.dtype).masked_fill(
+        torch.ones(q.shape[0], k.shape[0], dtype=torch.bool).triu(1), float("-inf"))  # (L, S)
+    return torch.onnx.ops.attention(q[None, None], k[None, None], v[None, None], attn_mask=bias)[0][0, 0]
+
+
+if importlib.util.find_spec("torch.onnx.ops"):  # warmed up here, so that no import runs during the check
+    _onnx_attention(*(torch.randn(2, 2),) * 3)
+
+
 def _flex_eager(name):  # torch's FlexAttention in eager Python (its higher-order op's math path), causal
     hop = importlib.import_module("torch._higher_order_ops.flex_attention")
 
@@ -549,7 +559,8 @@ ROUTES = {
                               lambda q, k, v: torch._C._jit_get_operation("aten::scaled_dot_product_attention")[0](
                                   q, k, v, None, 0.0, True),
                               lambda q, k, v: functools.partial(_HELD[0], is_causal=True)(q, k, v),
-                              _profile_off],
+                              _profile_off,
+                              *((_onnx_attention,) if importlib.util.find_spec("torch.onnx.ops") else ())],
     "ch06.causal_multi_head": [lambda *a: exercises_multi_head._mha(*a)],
     "ch07.rope": [_ch07_private_rotation, lambda x, p: exercises_positional._rope(x, p),
                   *((_ch07_hf_rotate_half, _ch07_hf_apply) if importlib.util.find_spec("transformers") else ()),

@@ -44,12 +44,27 @@ TORCH_MHA_OPS = tuple(name for name in ("torch._native_multi_head_attention", "t
                                         "torch.ops.aten._native_multi_head_attention",
                                         "torch.ops.aten._triton_multi_head_attention")
                       if hasattr(torch.ops.aten if "ops" in name else torch, name.rsplit(".", 1)[1]))
+def _has(module: str, name: str) -> bool:
+    """Whether ``module`` (imported here if it exists) has ``name``."""
+    import importlib
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None and hasattr(importlib.import_module(module), name)
+
+
+#: ONNX's Attention operator, public as ``torch.onnx.ops.attention`` (it takes its own path, not SDPA, when given a
+#: float mask or a softmax precision), and the operator it calls.
+TORCH_ONNX_ATTENTION = tuple(name for name, present in (
+    ("torch.onnx.ops.attention", _has("torch.onnx.ops", "attention")),
+    ("torch.ops.onnx.Attention", _has("torch.onnx.ops", "attention") and hasattr(torch.ops.onnx, "Attention")))
+    if present)
 #: torch's functions that compute attention whole, under the names a student finds (its bindings included; an
 #: operator on ``torch.ops.aten`` is refused with every overload, ``.default`` too): off while any attention
 #: exercise's function runs.
 TORCH_ATTENTION = ("torch.nn.functional.scaled_dot_product_attention", "torch._C._nn.scaled_dot_product_attention",
                    "torch.ops.aten.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
                    "torch.nn.attention.flex_attention.flex_attention",
+                   *TORCH_ONNX_ATTENTION,
                    *TORCH_ATEN_SDPA, *(f"torch.{name}" for name in _PRIVATE_SDPA if hasattr(torch, name)),
                    *TORCH_MHA_OPS)
 #: torch's own masked softmax (public, in ``torch.masked``, and the private operator SDPA's fast path uses):
