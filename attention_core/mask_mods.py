@@ -30,6 +30,16 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from attention_core._checks import (
+    MAX_SIZE,
+    check_device,
+    check_floating,
+    check_int,
+    check_rank,
+    check_tensor,
+    short_repr,
+)
+
 __all__ = [
     "MaskMod",
     "ScoreMod",
@@ -370,12 +380,22 @@ def relative_position_bias(table: torch.Tensor, max_distance: int) -> ScoreMod:
 
 def index_grids(B: int, H: int, L: int, S: int, device=None) -> tuple[torch.Tensor, ...]:
     """``b`` (B, 1, 1, 1), ``h`` (1, H, 1, 1), ``q_idx`` (1, 1, L, 1), ``kv_idx`` (1, 1, 1, S): int64 index
-    grids that broadcast to (B, H, L, S), the way every mod is called here."""
+    grids that broadcast to (B, H, L, S), the way every mod is called here. The sizes are ints >= 0 and
+    ``device`` is ``None`` or a device this machine has (``TypeError``/``ValueError`` naming the argument)."""
+    for name, n in (("B", B), ("H", H), ("L", L), ("S", S)):
+        check_int(n, name, low=0, high=MAX_SIZE)
+    device = check_device(device)
     b = torch.arange(B, device=device).view(B, 1, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1, 1)
     q = torch.arange(L, device=device).view(1, 1, L, 1)
     kv = torch.arange(S, device=device).view(1, 1, 1, S)
     return b, h, q, kv
+
+
+def _check_callable(mod: object, name: str) -> None:
+    """Raise ``TypeError`` naming ``name`` unless ``mod`` is callable (a mask or score mod)."""
+    if not callable(mod):
+        raise TypeError(f"{name} must be a function (a {name}), got {type(mod).__name__} {short_repr(mod)}")
 
 
 def _mod_name(mod) -> str:
@@ -430,11 +450,17 @@ def _broadcast(x: torch.Tensor, shape: tuple[int, ...], kind: str, mod) -> torch
 
 def dense_mask(mask_mod: MaskMod, B: int, H: int, L: int, S: int, device=None) -> torch.Tensor:
     """The mod evaluated on every pair: bool (B, H, L, S), True = attend. O(B H L S) memory: for tests and small
-    pictures; use :func:`attention_core.flex_attention.create_block_mask` for attention."""
+    pictures; use :func:`attention_core.flex_attention.create_block_mask` for attention. The sizes are ints
+    >= 0 (checked by :func:`index_grids`)."""
+    _check_callable(mask_mod, "mask_mod")
     return call_mask_mod(mask_mod, *index_grids(B, H, L, S, device), (B, H, L, S))
 
 
 def dense_scores(score_mod: ScoreMod, scores: torch.Tensor) -> torch.Tensor:
-    """The score mod applied to a full (B, H, L, S) score tensor (differentiable, as the mod is)."""
+    """The score mod applied to a full (B, H, L, S) floating score tensor (differentiable, as the mod is)."""
+    _check_callable(score_mod, "score_mod")
+    check_tensor(scores, "scores")
+    check_rank(scores, "scores", (4,), "(B, H, L, S)")
+    check_floating(scores, "scores")
     B, H, L, S = scores.shape
     return call_score_mod(score_mod, scores, *index_grids(B, H, L, S, scores.device))

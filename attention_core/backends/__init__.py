@@ -59,6 +59,7 @@ from typing import Callable, Union
 
 import torch
 
+from attention_core._checks import parse_device
 from attention_core.backends import chunked, numpy_backend, reference, torch_backend
 from attention_core.backends import fused_checks as _fused
 from attention_core.backends.inputs import AttentionInputs, BackendResult
@@ -182,11 +183,7 @@ def available_backends(device: torch.device | str | None = None) -> list[str]:
     """
     kind = None
     if device is not None:
-        try:
-            kind = torch.device(device).type
-        except (RuntimeError, TypeError) as err:
-            raise ValueError(f"device must be a torch.device or a device string such as 'cpu' or 'cuda', got "
-                             f"{device!r} ({err})") from None
+        kind = parse_device(device, "device").type
     return [name for name, b in _REGISTRY.items() if b.is_available()[0] and (kind is None or b.runs_on(kind))]
 
 

@@ -67,8 +67,19 @@ from typing import Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from attention_core._checks import check_int
-from attention_core.backends.inputs import AttentionInputs, BackendResult, compute_dtype, no_weights, scale_or_default
+from attention_core._checks import (
+    check_bool_flag,
+    check_floating,
+    check_int,
+    check_mask_broadcasts,
+    check_rank,
+    check_same_device,
+    check_same_dtype,
+    check_scale,
+    check_tensor,
+    fmt_shape,
+)
+from attention_core.backends.inputs import AttentionInputs, BackendResult, compute_dtype, no_weights
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "backward_with_lse", "chunked_attention", "forward_with_lse", "merge_partials",
            "run", "supports"]
@@ -561,14 +572,46 @@ def chunked_attention(
     """
     check_int(block_q, "block_q", low=1)
     check_int(block_k, "block_k", low=1)
+    check_bool_flag(enable_gqa, "enable_gqa")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(t, name)
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise ValueError(
             "chunked_attention takes canonical 4-D inputs (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev); got "
             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)} "
             "(scaled_dot_product_attention takes any layout)"
         )
-    return _attend(query, key, value, attn_mask, is_causal, scale_or_default(scale, query.shape[-1]), block_q,
-                   block_k)
+    scale = _check_canonical(query, key, value, attn_mask, is_causal, scale)
+    return _attend(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+
+
+def _check_canonical(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attn_mask: Optional[torch.Tensor], is_causal: object, scale: object) -> float:
+    """The refusals of ``scaled_dot_product_attention`` for canonical 4-D inputs, by name; returns the scale."""
+    check_floating(query, "query")
+    check_same_dtype(query=query, key=key, value=value)
+    check_same_device(query=query, key=key, value=value)
+    check_bool_flag(is_causal, "is_causal")
+    (B, Hq, L, E), (Bk, H, S, Ek), (Bv, Hv, Sv, _) = query.shape, key.shape, value.shape
+    shapes = f"query {fmt_shape(query.shape)}, key {fmt_shape(key.shape)}, value {fmt_shape(value.shape)}"
+    if E == 0 or Ek != E:
+        raise ValueError(f"query and key must have the same feature size E >= 1 (dim -1): got {shapes}")
+    if (Bk, H, S) != (Bv, Hv, Sv) or Bk != B:
+        raise ValueError(f"key and value must agree in (B, H, S), and B with query's: got {shapes}")
+    if (H == 0 and Hq != 0) or (H != 0 and Hq % H != 0):
+        raise ValueError(f"query heads (Hq={Hq}) must be a multiple of the key/value heads (H={H}): got {shapes}")
+    if attn_mask is not None:
+        check_tensor(attn_mask, "attn_mask")
+        if is_causal:
+            raise ValueError("attn_mask and is_causal=True were both given; pass one (combine them into attn_mask)")
+        if attn_mask.dtype != torch.bool and attn_mask.dtype not in (torch.float32, query.dtype):
+            raise TypeError(f"attn_mask must be bool, float32 or the query's dtype ({query.dtype}), got "
+                            f"{attn_mask.dtype}")
+        check_same_device(query=query, attn_mask=attn_mask)
+        check_rank(attn_mask, "attn_mask", (4,), "4-D, broadcastable to (B, Hq, L, S)")
+        check_mask_broadcasts(attn_mask, "attn_mask", (B, Hq, L, S), "(B, Hq, L, S)")
+    value_ = check_scale(scale, positive=False)
+    return 1.0 / math.sqrt(E) if value_ is None else value_
 
 
 def _attend(query, key, value, attn_mask, is_causal, scale, block_q, block_k) -> torch.Tensor:  # noqa: ANN001
