@@ -204,6 +204,7 @@ def _primitive_cases():
     from attention_core import linear_attention as LA
     from attention_core import mask_mods as MM
     from attention_core.backends import chunked as C
+    from attention_core.backends.cuda_on_cpu import run_on_cpu
     from attention_core.backends.fused_checks import tensor_core_kernel
     from attention_core.distributed import layout as LY
     from attention_core.distributed import ring as R
@@ -260,6 +261,21 @@ def _primitive_cases():
                          r"^query must be a torch.Tensor, got list$"),
         "chunked mask does not broadcast": (lambda: C.chunked_attention(x, x, x, torch.ones(1, 1, 4, 5).bool()),
                                             ValueError, r"^attn_mask of shape \(1, 1, 4, 5\) does not broadcast"),
+        "forward_with_lse 3-D": (lambda: C.forward_with_lse(x[0], x[0], x[0], False, 0.5), ValueError,
+                                 r"^forward_with_lse takes canonical 4-D inputs"),
+        "forward_with_lse E mismatch": (lambda: C.forward_with_lse(x, torch.randn(1, 2, 5, 3), x, False, 0.5),
+                                        ValueError, r"^query and key must have the same feature size"),
+        "forward_with_lse scale inf": (lambda: C.forward_with_lse(x, x, x, False, float("inf")), ValueError,
+                                       r"^scale must be a finite float or None, got inf$"),
+        "merge_partials shapes": (lambda: C.merge_partials(torch.zeros(1, 3, 2), torch.zeros(1, 3, 1),
+                                                           torch.zeros(1, 4, 2), torch.zeros(1, 4, 1)),
+                                  ValueError, r"^out_a and out_b must have one shape.*\(1, 3, 2\) and \(1, 4, 2\)$"),
+        "merge_partials lse shape": (lambda: C.merge_partials(torch.zeros(1, 3, 2), torch.zeros(1, 3),
+                                                              torch.zeros(1, 3, 2), torch.zeros(1, 3, 1)),
+                                     ValueError, r"^lse_a must have out_a's shape with a 1 in the last dim"),
+        "merge_partials list": (lambda: C.merge_partials([0.0], [0.0], [0.0], [0.0]), TypeError,
+                                r"^out_a must be a torch.Tensor, got list$"),
+        "run_on_cpu list": (lambda: run_on_cpu([1.0], x, x), TypeError, r"^query must be a torch.Tensor, got list$"),
         "dense_mask negative L": (lambda: MM.dense_mask(MM.causal, 1, 1, -1, 3), ValueError,
                                   r"^L must be an int in \[0, \d+\], got -1$"),
         "dense_mask not a mod": (lambda: MM.dense_mask(3, 1, 1, 2, 3), TypeError, r"^mask_mod must be a function"),

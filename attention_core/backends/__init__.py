@@ -195,8 +195,13 @@ def use_backend(name: str | None) -> Iterator[None]:
     own). A ``backend=`` argument to a call still wins.
 
     Example:
-        >>> with use_backend("reference"):
-        ...     out = scaled_dot_product_attention(q, k, v)  # doctest: +SKIP
+        >>> import torch
+        >>> import attention_core as ac
+        >>> q = k = v = torch.ones(1, 1, 2, 4)
+        >>> with ac.use_backend("reference"):
+        ...     out = ac.scaled_dot_product_attention(q, k, v)
+        >>> out.shape
+        torch.Size([1, 1, 2, 4])
     """
     if name is not None:
         _check_available(get_backend(name))

@@ -501,7 +501,10 @@ def forward_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> tuple[torch.Tensor, torch.Tensor]:
     """One block's partial result: ``out`` (B*H, G, L, Ev) and ``lse`` (B*H, G, L, 1), compute dtype, natural
     units, in the kernel's layout (the G query heads that share a key/value head beside each other); a row that
-    sees no key of this block has ``out`` 0 and ``lse`` = -inf (it adds nothing when merged)."""
+    sees no key of this block has ``out`` 0 and ``lse`` = -inf (it adds nothing when merged). The input is
+    checked as :func:`chunked_attention` checks it (4-D tensors, ``scale`` a finite float)."""
+    _check_blocks_and_rank(query, key, value, block_q, block_k, "forward_with_lse")
+    scale = _check_canonical(query, key, value, None, is_causal, scale)
     _, out, lse = _launch_forward(query, key, value, None, is_causal, scale, block_q, block_k)
     return out, lse.masked_fill_(lse == float("inf"), _NEG_INF)
 
@@ -525,7 +528,22 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
 
         lse = log(exp(lse_a) + exp(lse_b))      out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
 
-    computed from the larger of the two, so nothing overflows; a row with ``lse = -inf`` in both stays 0."""
+    computed from the larger of the two, so nothing overflows; a row with ``lse = -inf`` in both stays 0.
+    ``out_a`` and ``out_b`` are floating tensors of one shape, ``lse_a`` and ``lse_b`` that shape with a 1 in
+    the last dim (``TypeError``/``ValueError`` naming the argument otherwise)."""
+    named = {"out_a": out_a, "lse_a": lse_a, "out_b": out_b, "lse_b": lse_b}
+    for name, t in named.items():
+        check_tensor(t, name)
+        check_floating(t, name)
+    check_same_device(**named)
+    if out_a.dim() == 0 or out_b.shape != out_a.shape:
+        raise ValueError(f"out_a and out_b must have one shape with at least 1 dim, got {fmt_shape(out_a.shape)} "
+                         f"and {fmt_shape(out_b.shape)}")
+    want = (*out_a.shape[:-1], 1)
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} must have out_a's shape with a 1 in the last dim, {want}, got "
+                             f"{fmt_shape(t.shape)}")
     m = torch.maximum(lse_a, lse_b)
     m = m.masked_fill(m == _NEG_INF, 0.0)  # both empty: weights exp(-inf) = 0 below, no -inf - -inf
     w_a, w_b = (lse_a - m).exp(), (lse_b - m).exp()
@@ -570,19 +588,25 @@ def chunked_attention(
     Returns:
         (B, Hq, L, Ev) in the query's dtype; fully masked rows are zeros.
     """
+    check_bool_flag(enable_gqa, "enable_gqa")
+    _check_blocks_and_rank(query, key, value, block_q, block_k, "chunked_attention")
+    scale = _check_canonical(query, key, value, attn_mask, is_causal, scale)
+    return _attend(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+
+
+def _check_blocks_and_rank(query: object, key: object, value: object, block_q: object, block_k: object,
+                           who: str) -> None:
+    """Tile sizes ints >= 1; query, key, value tensors in the canonical 4-D layout."""
     check_int(block_q, "block_q", low=1)
     check_int(block_k, "block_k", low=1)
-    check_bool_flag(enable_gqa, "enable_gqa")
     for name, t in (("query", query), ("key", key), ("value", value)):
         check_tensor(t, name)
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise ValueError(
-            "chunked_attention takes canonical 4-D inputs (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev); got "
+            f"{who} takes canonical 4-D inputs (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev); got "
             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)} "
             "(scaled_dot_product_attention takes any layout)"
         )
-    scale = _check_canonical(query, key, value, attn_mask, is_causal, scale)
-    return _attend(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
 
 
 def _check_canonical(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
