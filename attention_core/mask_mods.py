@@ -37,6 +37,7 @@ from attention_core._checks import (
     check_int,
     check_rank,
     check_tensor,
+    fmt_shape,
     short_repr,
 )
 
@@ -218,9 +219,13 @@ def document(document_ids: torch.Tensor) -> MaskMod:
         document_ids: (N,) integer tensor, the document of every position (N >= L and N >= S), or (B, N) for
             a different packing per batch row.
     """
-    if not isinstance(document_ids, torch.Tensor) or document_ids.dim() not in (1, 2) or (
-            document_ids.is_floating_point() or document_ids.dtype == torch.bool):
-        raise ValueError(f"document_ids must be a (N,) or (B, N) integer tensor, got {document_ids!r:.80}")
+    if not isinstance(document_ids, torch.Tensor) or document_ids.is_floating_point() or (
+            document_ids.dtype == torch.bool):
+        raise TypeError(f"document_ids must be a (N,) or (B, N) integer tensor, got {type(document_ids).__name__} "
+                        f"{short_repr(document_ids)}")
+    if document_ids.dim() not in (1, 2):
+        raise ValueError(f"document_ids must be a (N,) or (B, N) integer tensor, got shape "
+                         f"{fmt_shape(document_ids.shape)}")
     ids = document_ids
 
     if ids.dim() == 1:
@@ -237,6 +242,13 @@ def document(document_ids: torch.Tensor) -> MaskMod:
 
 def key_padding(kv_lens: torch.Tensor | Sequence[int]) -> MaskMod:
     """Batch row ``b`` reads its first ``kv_lens[b]`` keys (the padding keys after them are never read)."""
+    if isinstance(kv_lens, torch.Tensor):
+        if kv_lens.is_floating_point() or kv_lens.dtype == torch.bool:
+            raise TypeError(f"kv_lens must be B integer lengths >= 0, got a {kv_lens.dtype} tensor")
+    elif not isinstance(kv_lens, Sequence) or isinstance(kv_lens, str) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in kv_lens):
+        raise TypeError(f"kv_lens must be B integer lengths >= 0 (a tensor or a sequence of ints), got "
+                        f"{type(kv_lens).__name__} {short_repr(kv_lens)}")
     lens = torch.as_tensor(kv_lens, dtype=torch.long)
     if lens.dim() != 1 or bool((lens < 0).any()):
         raise ValueError(f"kv_lens must be B lengths >= 0, got {kv_lens!r:.80}")
@@ -332,8 +344,10 @@ def alibi(slopes: torch.Tensor) -> ScoreMod:
         slopes: (H,) float tensor, one slope per head (see :func:`alibi_slopes`); may require grad (the
             ``chunked`` backend returns its gradient as the dense reference does).
     """
-    if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.is_floating_point():
-        raise ValueError(f"slopes must be a (H,) float tensor, got {slopes!r:.80}")
+    if not isinstance(slopes, torch.Tensor) or not slopes.is_floating_point():
+        raise TypeError(f"slopes must be a (H,) float tensor, got {type(slopes).__name__} {short_repr(slopes)}")
+    if slopes.dim() != 1:
+        raise ValueError(f"slopes must be a (H,) float tensor, got shape {fmt_shape(slopes.shape)}")
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score + slopes[h] * (kv_idx - q_idx)

@@ -203,6 +203,7 @@ def _primitive_cases():
     from attention_core import kernel_regression as KR
     from attention_core import linear_attention as LA
     from attention_core import mask_mods as MM
+    from attention_core.backends import choose_backend
     from attention_core.backends import chunked as C
     from attention_core.backends.cuda_on_cpu import run_on_cpu
     from attention_core.backends.fused_checks import tensor_core_kernel
@@ -276,6 +277,22 @@ def _primitive_cases():
         "merge_partials list": (lambda: C.merge_partials([0.0], [0.0], [0.0], [0.0]), TypeError,
                                 r"^out_a must be a torch.Tensor, got list$"),
         "run_on_cpu list": (lambda: run_on_cpu([1.0], x, x), TypeError, r"^query must be a torch.Tensor, got list$"),
+        "positions float L": (lambda: LY.positions(8.0, 2, 0, "contiguous"), TypeError,
+                              r"^L must be an int >= 0, got float 8.0$"),
+        "positions str rank": (lambda: LY.positions(8, 2, "0", "contiguous"), TypeError,
+                               r"^rank must be an int in \[0, world_size\) = \[0, 2\), got str '0'$"),
+        "alibi list": (lambda: MM.alibi([0.5]), TypeError, r"^slopes must be a \(H,\) float tensor, got list"),
+        "alibi 2-D": (lambda: MM.alibi(torch.ones(2, 2)), ValueError, r"^slopes must be .*got shape \(2, 2\)$"),
+        "document list": (lambda: MM.document([0, 0, 1]), TypeError,
+                          r"^document_ids must be a \(N,\) or \(B, N\) integer tensor, got list"),
+        "key_padding str": (lambda: MM.key_padding("ab"), TypeError, r"^kv_lens must be B integer lengths"),
+        "key_padding float tensor": (lambda: MM.key_padding(torch.ones(2)), TypeError,
+                                     r"^kv_lens must be B integer lengths >= 0, got a torch.float32 tensor$"),
+        "create_block_mask float BLOCK_SIZE": (
+            lambda: ac.create_block_mask(MM.causal, None, None, 4, 4, BLOCK_SIZE=2.0), TypeError,
+            r"^BLOCK_SIZE must be a positive int or a pair of them, got float"),
+        "choose_backend not inputs": (lambda: choose_backend(3), TypeError,
+                                      r"^inputs must be an AttentionInputs .*got int$"),
         "dense_mask negative L": (lambda: MM.dense_mask(MM.causal, 1, 1, -1, 3), ValueError,
                                   r"^L must be an int in \[0, \d+\], got -1$"),
         "dense_mask not a mod": (lambda: MM.dense_mask(3, 1, 1, 2, 3), TypeError, r"^mask_mod must be a function"),

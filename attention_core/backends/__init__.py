@@ -229,7 +229,10 @@ def choose_backend(inputs: AttentionInputs) -> Backend:
                               Triton uses no tensor cores there (its ``auto_ok``)
     other    ``torch``        ``reference`` if some future entry ahead of it declines
     ======== ================ =============================================================
+
+    ``inputs`` is an :class:`AttentionInputs` (``TypeError`` otherwise).
     """
+    _check_inputs(inputs)
     for name in AUTO_ORDER:
         backend = _REGISTRY.get(name)
         if (backend is not None and backend.is_available()[0] and backend.supports(inputs) is None
@@ -245,6 +248,7 @@ def resolve_backend(name: str | None, inputs: AttentionInputs) -> Backend:
         ValueError: unknown name; a backend that cannot run on this machine; or one that cannot handle these
             inputs (the message gives the reason and the alternatives).
     """
+    _check_inputs(inputs)
     if name is None:
         name = _TRACED.name if torch.compiler.is_compiling() else _CURRENT.get()
     if name is None:
@@ -256,6 +260,11 @@ def resolve_backend(name: str | None, inputs: AttentionInputs) -> Backend:
         able = [n for n in available_backends() if _REGISTRY[n].supports(inputs) is None]
         raise ValueError(f"backend {name!r} cannot handle these inputs: {reason}; backends that can: {able}")
     return backend
+
+
+def _check_inputs(inputs: object) -> None:
+    if not isinstance(inputs, AttentionInputs):
+        raise TypeError(f"inputs must be an AttentionInputs (the canonical 4-D call), got {type(inputs).__name__}")
 
 
 def _check_available(backend: Backend) -> None:
