@@ -502,7 +502,8 @@ def forward_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """One block's partial result: ``out`` (B*H, G, L, Ev) and ``lse`` (B*H, G, L, 1), compute dtype, natural
     units, in the kernel's layout (the G query heads that share a key/value head beside each other); a row that
     sees no key of this block has ``out`` 0 and ``lse`` = -inf (it adds nothing when merged). The input is
-    checked as :func:`chunked_attention` checks it (4-D tensors, ``scale`` a finite float)."""
+    checked as :func:`attention_core.backends.chunked.chunked_attention` checks it (4-D tensors, ``scale`` a
+    finite float or ``None``)."""
     _check_blocks_and_rank(query, key, value, block_q, block_k, "forward_with_lse")
     scale = _check_canonical(query, key, value, None, is_causal, scale)
     _, out, lse = _launch_forward(query, key, value, None, is_causal, scale, block_q, block_k)
