@@ -210,6 +210,21 @@ def check_floating_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
     return dtype
 
 
+def parse_device(device: object, name: str = "device") -> torch.device:
+    """``device`` as a ``torch.device``, whether or not this machine has one (for functions that only ask about
+    a kind of device). ``TypeError`` unless it is a ``torch.device`` or a str, ``ValueError`` for a str that
+    names no device kind torch knows (``"tpu"``)."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda', got "
+                        f"{type(device).__name__} {short_repr(device)}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda', got "
+                         f"{short_repr(device)} ({reason})") from None
+
+
 def check_device(device: object, name: str = "device") -> torch.device | None:
     """Return ``device`` as a ``torch.device`` (``None`` stays ``None``); raise unless this machine has it.
 

@@ -96,6 +96,9 @@ class BlockMask:
 
 
 def _block_size(BLOCK_SIZE) -> tuple[int, int]:
+    if not isinstance(BLOCK_SIZE, (int, tuple, list)):
+        raise TypeError(f"BLOCK_SIZE must be a positive int or a pair of them, got {type(BLOCK_SIZE).__name__} "
+                        f"{BLOCK_SIZE!r:.60}")
     sizes = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
     if len(sizes) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
         raise ValueError(f"BLOCK_SIZE must be a positive int or a pair of them, got {BLOCK_SIZE!r}")

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from attention_core._checks import (
+    MAX_SIZE,
+    check_device,
     check_fits,
     check_floating,
     check_int,
@@ -84,11 +86,13 @@ _PROFILES: Dict[str, Kernel] = {
 
 def gaussian(u: torch.Tensor) -> torch.Tensor:
     """Gaussian kernel ``exp(-u^2 / 2) / sqrt(2 pi)``: positive everywhere, so every key gets some weight."""
+    _check_u(u)
     return _gaussian_profile(u * u)
 
 
 def boxcar(u: torch.Tensor) -> torch.Tensor:
     """Boxcar (uniform) kernel ``1/2`` for ``|u| <= 1``, else 0: a plain average of the keys within ``h``."""
+    _check_u(u)
     return _boxcar_profile(u * u)
 
 
@@ -97,7 +101,14 @@ def epanechnikov(u: torch.Tensor) -> torch.Tensor:
 
     Not to be confused with the triangular kernel ``max(0, 1 - |u|)``, which some texts give this name.
     """
+    _check_u(u)
     return _epanechnikov_profile(u * u)
+
+
+def _check_u(u: object) -> None:
+    """The kernels' one check: ``u`` is a floating tensor (``TypeError`` naming ``u`` otherwise)."""
+    check_tensor(u, "u")
+    check_floating(u, "u")
 
 
 KERNELS: Dict[str, Kernel] = {"gaussian": gaussian, "boxcar": boxcar, "epanechnikov": epanechnikov}
@@ -294,7 +305,13 @@ def nadaraya_watson(
 
 
 def leave_one_out_mask(n: int, device: torch.device | None = None) -> torch.Tensor:
-    """(n, n) bool mask that is True everywhere except the diagonal: each point may not attend to itself."""
+    """(n, n) bool mask that is True everywhere except the diagonal: each point may not attend to itself.
+
+    ``n`` is an int >= 0 and ``device`` ``None`` or a device this machine has (``TypeError``/``ValueError``
+    naming the argument otherwise).
+    """
+    n = check_int(n, "n", low=0, high=MAX_SIZE)
+    device = check_device(device)
     return ~torch.eye(n, dtype=torch.bool, device=device)
 
 

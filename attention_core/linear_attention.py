@@ -70,7 +70,10 @@ __all__ = [
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
-    """``elu(x) + 1``: positive everywhere, Katharopoulos et al.'s feature map (same shape as ``x``)."""
+    """``elu(x) + 1``: positive everywhere, Katharopoulos et al.'s feature map (same shape as ``x``, a floating
+    tensor: ``TypeError`` naming ``x`` otherwise)."""
+    check_tensor(x, "x")
+    check_floating(x, "x")
     return F.elu(x) + 1.0
 
 
@@ -351,6 +354,8 @@ def delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, beta
             raise ValueError(f"state must have shape (..., Ev, E) = {want}, got {fmt_shape(state.shape)}")
         check_same_dtype(key=key, state=state)
         check_same_device(key=key, state=state)
+    if L == 0:  # no token: an empty answer (..., 0, Ev) and the state unchanged (a copy, never the caller's own)
+        return value.new_zeros(*query.shape[:-1], value.shape[-1]), state.clone()
     outs = []
     for j in range(L):
         k, v = key[..., j, :], value[..., j, :]  # (..., E), (..., Ev)

@@ -30,6 +30,17 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from attention_core._checks import (
+    MAX_SIZE,
+    check_device,
+    check_floating,
+    check_int,
+    check_rank,
+    check_tensor,
+    fmt_shape,
+    short_repr,
+)
+
 __all__ = [
     "MaskMod",
     "ScoreMod",
@@ -208,9 +219,13 @@ def document(document_ids: torch.Tensor) -> MaskMod:
         document_ids: (N,) integer tensor, the document of every position (N >= L and N >= S), or (B, N) for
             a different packing per batch row.
     """
-    if not isinstance(document_ids, torch.Tensor) or document_ids.dim() not in (1, 2) or (
-            document_ids.is_floating_point() or document_ids.dtype == torch.bool):
-        raise ValueError(f"document_ids must be a (N,) or (B, N) integer tensor, got {document_ids!r:.80}")
+    if not isinstance(document_ids, torch.Tensor) or document_ids.is_floating_point() or (
+            document_ids.dtype == torch.bool):
+        raise TypeError(f"document_ids must be a (N,) or (B, N) integer tensor, got {type(document_ids).__name__} "
+                        f"{short_repr(document_ids)}")
+    if document_ids.dim() not in (1, 2):
+        raise ValueError(f"document_ids must be a (N,) or (B, N) integer tensor, got shape "
+                         f"{fmt_shape(document_ids.shape)}")
     ids = document_ids
 
     if ids.dim() == 1:
@@ -227,6 +242,13 @@ def document(document_ids: torch.Tensor) -> MaskMod:
 
 def key_padding(kv_lens: torch.Tensor | Sequence[int]) -> MaskMod:
     """Batch row ``b`` reads its first ``kv_lens[b]`` keys (the padding keys after them are never read)."""
+    if isinstance(kv_lens, torch.Tensor):
+        if kv_lens.is_floating_point() or kv_lens.dtype == torch.bool:
+            raise TypeError(f"kv_lens must be B integer lengths >= 0, got a {kv_lens.dtype} tensor")
+    elif not isinstance(kv_lens, Sequence) or isinstance(kv_lens, str) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in kv_lens):
+        raise TypeError(f"kv_lens must be B integer lengths >= 0 (a tensor or a sequence of ints), got "
+                        f"{type(kv_lens).__name__} {short_repr(kv_lens)}")
     lens = torch.as_tensor(kv_lens, dtype=torch.long)
     if lens.dim() != 1 or bool((lens < 0).any()):
         raise ValueError(f"kv_lens must be B lengths >= 0, got {kv_lens!r:.80}")
@@ -322,8 +344,10 @@ def alibi(slopes: torch.Tensor) -> ScoreMod:
         slopes: (H,) float tensor, one slope per head (see :func:`alibi_slopes`); may require grad (the
             ``chunked`` backend returns its gradient as the dense reference does).
     """
-    if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.is_floating_point():
-        raise ValueError(f"slopes must be a (H,) float tensor, got {slopes!r:.80}")
+    if not isinstance(slopes, torch.Tensor) or not slopes.is_floating_point():
+        raise TypeError(f"slopes must be a (H,) float tensor, got {type(slopes).__name__} {short_repr(slopes)}")
+    if slopes.dim() != 1:
+        raise ValueError(f"slopes must be a (H,) float tensor, got shape {fmt_shape(slopes.shape)}")
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score + slopes[h] * (kv_idx - q_idx)
@@ -370,12 +394,22 @@ def relative_position_bias(table: torch.Tensor, max_distance: int) -> ScoreMod:
 
 def index_grids(B: int, H: int, L: int, S: int, device=None) -> tuple[torch.Tensor, ...]:
     """``b`` (B, 1, 1, 1), ``h`` (1, H, 1, 1), ``q_idx`` (1, 1, L, 1), ``kv_idx`` (1, 1, 1, S): int64 index
-    grids that broadcast to (B, H, L, S), the way every mod is called here."""
+    grids that broadcast to (B, H, L, S), the way every mod is called here. The sizes are ints >= 0 and
+    ``device`` is ``None`` or a device this machine has (``TypeError``/``ValueError`` naming the argument)."""
+    for name, n in (("B", B), ("H", H), ("L", L), ("S", S)):
+        check_int(n, name, low=0, high=MAX_SIZE)
+    device = check_device(device)
     b = torch.arange(B, device=device).view(B, 1, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1, 1)
     q = torch.arange(L, device=device).view(1, 1, L, 1)
     kv = torch.arange(S, device=device).view(1, 1, 1, S)
     return b, h, q, kv
+
+
+def _check_callable(mod: object, name: str) -> None:
+    """Raise ``TypeError`` naming ``name`` unless ``mod`` is callable (a mask or score mod)."""
+    if not callable(mod):
+        raise TypeError(f"{name} must be a function (a {name}), got {type(mod).__name__} {short_repr(mod)}")
 
 
 def _mod_name(mod) -> str:
@@ -430,11 +464,17 @@ def _broadcast(x: torch.Tensor, shape: tuple[int, ...], kind: str, mod) -> torch
 
 def dense_mask(mask_mod: MaskMod, B: int, H: int, L: int, S: int, device=None) -> torch.Tensor:
     """The mod evaluated on every pair: bool (B, H, L, S), True = attend. O(B H L S) memory: for tests and small
-    pictures; use :func:`attention_core.flex_attention.create_block_mask` for attention."""
+    pictures; use :func:`attention_core.flex_attention.create_block_mask` for attention. The sizes are ints
+    >= 0 (checked by :func:`index_grids`)."""
+    _check_callable(mask_mod, "mask_mod")
     return call_mask_mod(mask_mod, *index_grids(B, H, L, S, device), (B, H, L, S))
 
 
 def dense_scores(score_mod: ScoreMod, scores: torch.Tensor) -> torch.Tensor:
-    """The score mod applied to a full (B, H, L, S) score tensor (differentiable, as the mod is)."""
+    """The score mod applied to a full (B, H, L, S) floating score tensor (differentiable, as the mod is)."""
+    _check_callable(score_mod, "score_mod")
+    check_tensor(scores, "scores")
+    check_rank(scores, "scores", (4,), "(B, H, L, S)")
+    check_floating(scores, "scores")
     B, H, L, S = scores.shape
     return call_score_mod(score_mod, scores, *index_grids(B, H, L, S, scores.device))

@@ -28,6 +28,7 @@ import torch
 from attention_core._checks import (
     check_fits,
     check_floating,
+    check_int,
     check_same_device,
     check_same_dtype,
     check_scale,
@@ -113,7 +114,35 @@ def _check(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tens
 
 
 def gather_paged_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """One sequence's cached tensor made contiguous: (N_blocks, H, bs, E) -> (H, seq_len, E)."""
+    """One sequence's cached tensor made contiguous: (N_blocks, H, bs, E) -> (H, seq_len, E).
+
+    ``block_table_row`` is an int32 or int64 vector of block ids in ``[0, N_blocks)``; ``seq_len`` is an int in
+    ``[0, len(block_table_row) * bs]`` (the slots the row's blocks hold). Anything else raises ``TypeError`` or
+    ``ValueError`` naming the argument.
+    """
+    check_tensor(cache, "cache")
+    check_tensor(block_table_row, "block_table_row")
+    if cache.dim() != 4:
+        raise ValueError(f"cache must be (N_blocks, H, block_size, E), got shape {fmt_shape(cache.shape)}")
+    if block_table_row.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"block_table_row must be an int32 or int64 tensor, got {block_table_row.dtype}")
+    if block_table_row.dim() != 1:
+        raise ValueError(f"block_table_row must be one sequence's row (max_blocks,), got shape "
+                         f"{fmt_shape(block_table_row.shape)}")
+    N, _, bs, _ = cache.shape
+    if bs < 1:
+        raise ValueError(f"cache must have block_size >= 1 slots, got shape {fmt_shape(cache.shape)}")
+    width = block_table_row.shape[0]
+    seq_len = check_int(seq_len, "seq_len", low=0, high=width * bs)
+    used = block_table_row[: -(-seq_len // bs)]
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= N):
+        raise ValueError(f"block_table_row lists blocks outside [0, N_blocks = {N}) in the entries seq_len = "
+                         f"{seq_len} uses: min {int(used.min())}, max {int(used.max())}")
+    return _gather_kv(cache, block_table_row, seq_len)
+
+
+def _gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """:func:`gather_paged_kv` on input :func:`paged_attention` has already checked."""
     bs = cache.shape[2]
     n = -(-seq_len // bs)
     blocks = cache[block_table_row[:n].long()]  # (n, H, bs, E)
@@ -125,8 +154,8 @@ def _gather(query, key_cache, value_cache, block_table, seq_lens, scale):
     out = query.new_empty(B, Hq, L, value_cache.shape[3])
     for b in range(B):
         S = int(seq_lens[b])
-        k = gather_paged_kv(key_cache, block_table[b], S)[None]  # (1, H, S, E)
-        v = gather_paged_kv(value_cache, block_table[b], S)[None]
+        k = _gather_kv(key_cache, block_table[b], S)[None]  # (1, H, S, E)
+        v = _gather_kv(value_cache, block_table[b], S)[None]
         # the L queries are the last L tokens: query i sits at position S - L + i and sees keys 0 .. S - L + i
         mask = torch.ones(L, S, dtype=torch.bool, device=query.device).tril(S - L)  # (L, S)
         out[b] = scaled_dot_product_attention(query[b : b + 1], k, v, mask, scale=scale,

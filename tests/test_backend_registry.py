@@ -82,3 +82,18 @@ def test_available_backends_refuses_a_device_it_cannot_read() -> None:
     with pytest.raises(ValueError, match=r"device must be a torch.device or a device string.*'tpu'"):
         ac.available_backends("tpu")
     assert ac.available_backends("cpu") == ac.available_backends(torch.device("cpu"))
+
+
+def test_use_backend_docstring_example_runs():
+    """The example on the API page runs as written and prints what it shows."""
+    import doctest
+
+    from attention_core.backends import use_backend
+
+    tests = doctest.DocTestFinder().find(use_backend, "use_backend", globs={})
+    assert tests and tests[0].examples
+    runner = doctest.DocTestRunner()
+    for t in tests:
+        runner.run(t)
+    assert runner.summarize(verbose=False).failed == 0
+    assert not any("+SKIP" in ex.source for t in tests for ex in t.examples)

@@ -192,3 +192,154 @@ def test_errors_come_before_any_arithmetic():
     for backend in ac.available_backends("cpu"):
         with pytest.raises(ValueError, match="attn_mask of shape"):
             ac.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 6, dtype=torch.bool), backend=backend)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The primitives' own functions that the page names (book/api.md, "Bad input"): each refusal names the argument,
+# the value seen and what was expected, and comes before any state changes.
+
+
+def _primitive_cases():
+    from attention_core import kernel_regression as KR
+    from attention_core import linear_attention as LA
+    from attention_core import mask_mods as MM
+    from attention_core.backends import choose_backend
+    from attention_core.backends import chunked as C
+    from attention_core.backends.cuda_on_cpu import run_on_cpu
+    from attention_core.backends.fused_checks import tensor_core_kernel
+    from attention_core.distributed import layout as LY
+    from attention_core.distributed import ring as R
+    from attention_core.distributed import ulysses as U
+    from attention_core.paged_attention import gather_paged_kv
+
+    cache = torch.randn(4, 2, 3, 5)  # (N_blocks, H, bs, E): a row of two blocks holds 6 slots
+    row = torch.tensor([0, 1])
+    x = torch.randn(1, 2, 5, 4)
+    return {
+        "gather seq_len beyond the slots": (lambda: gather_paged_kv(cache, row, 9), ValueError,
+                                            r"^seq_len must be an int in \[0, 6\], got 9$"),
+        "gather seq_len negative": (lambda: gather_paged_kv(cache, row, -1), ValueError,
+                                    r"^seq_len must be an int in \[0, 6\], got -1$"),
+        "gather seq_len float": (lambda: gather_paged_kv(cache, row, 3.0), TypeError,
+                                 r"^seq_len must be an int in \[0, 6\], got float 3.0$"),
+        "gather float table": (lambda: gather_paged_kv(cache, torch.tensor([0.0, 1.0]), 6), TypeError,
+                               r"^block_table_row must be an int32 or int64 tensor, got torch.float32$"),
+        "gather block id out of range": (lambda: gather_paged_kv(cache, torch.tensor([0, 7]), 6), ValueError,
+                                         r"^block_table_row lists blocks outside \[0, N_blocks = 4\).*max 7$"),
+        "gather 2-D table": (lambda: gather_paged_kv(cache, row[None], 6), ValueError,
+                             r"^block_table_row must be one sequence's row \(max_blocks,\), got shape \(1, 2\)$"),
+        "gather cache 3-D": (lambda: gather_paged_kv(cache[0], row, 3), ValueError,
+                             r"^cache must be \(N_blocks, H, block_size, E\), got shape \(2, 3, 5\)$"),
+        "local_lengths world_size 0": (lambda: LY.local_lengths(8, 0, "contiguous"), ValueError,
+                                       r"^world_size must be an int >= 1, got 0$"),
+        "ring_tiles world_size 0": (lambda: R.ring_tiles(8, 0, "contiguous"), ValueError,
+                                    r"^world_size must be an int >= 1, got 0$"),
+        "ring_bytes negative length": (lambda: R.ring_bytes([-4, 4], 1, 2, 8, 8, 4), ValueError,
+                                       r"^lengths\[0\] must be an int >= 0 \(the rows rank 0 holds\), got -4$"),
+        "ring_bytes str length": (lambda: R.ring_bytes(["a"], 1, 2, 8, 8, 4), TypeError,
+                                  r"^lengths\[0\] must be an int >= 0 .*got str 'a'$"),
+        "ring_bytes no ranks": (lambda: R.ring_bytes([], 1, 2, 8, 8, 4), ValueError,
+                                r"^lengths must hold one int >= 0 per rank, got an empty sequence$"),
+        "ring_bytes itemsize 0": (lambda: R.ring_bytes([4, 4], 1, 2, 8, 8, 0), ValueError,
+                                  r"^itemsize must be an int >= 1, got 0$"),
+        "ulysses_bytes negative length": (lambda: U.ulysses_bytes([4, -1], 1, 2, 2, 8, 8, 4), ValueError,
+                                          r"^lengths\[1\] must be an int >= 0"),
+        "tensor_core_kernel unknown device": (lambda: tensor_core_kernel("tpu"), ValueError,
+                                              r"^device must be a torch.device or a device string.*got 'tpu'"),
+        "tensor_core_kernel int": (lambda: tensor_core_kernel(3), TypeError,
+                                   r"^device must be a torch.device or a device string.*got int 3$"),
+        "available_backends int": (lambda: ac.available_backends(3), TypeError,
+                                   r"^device must be a torch.device or a device string.*got int 3$"),
+        "chunked Hq not a multiple of H": (lambda: C.chunked_attention(torch.randn(1, 3, 5, 4), x, x), ValueError,
+                                           r"^query heads \(Hq=3\) must be a multiple of the key/value heads"),
+        "chunked E mismatch": (lambda: C.chunked_attention(x, torch.randn(1, 2, 5, 3), x), ValueError,
+                               r"^query and key must have the same feature size E >= 1"),
+        "chunked S mismatch": (lambda: C.chunked_attention(x, x, torch.randn(1, 2, 6, 4)), ValueError,
+                               r"^key and value must agree in \(B, H, S\)"),
+        "chunked integer query": (lambda: C.chunked_attention(x.long(), x.long(), x.long()), TypeError,
+                                  r"^query must have a floating-point dtype, got torch.int64$"),
+        "chunked list": (lambda: C.chunked_attention([1.0], x, x), TypeError,
+                         r"^query must be a torch.Tensor, got list$"),
+        "chunked mask does not broadcast": (lambda: C.chunked_attention(x, x, x, torch.ones(1, 1, 4, 5).bool()),
+                                            ValueError, r"^attn_mask of shape \(1, 1, 4, 5\) does not broadcast"),
+        "forward_with_lse 3-D": (lambda: C.forward_with_lse(x[0], x[0], x[0], False, 0.5), ValueError,
+                                 r"^forward_with_lse takes canonical 4-D inputs"),
+        "forward_with_lse E mismatch": (lambda: C.forward_with_lse(x, torch.randn(1, 2, 5, 3), x, False, 0.5),
+                                        ValueError, r"^query and key must have the same feature size"),
+        "forward_with_lse scale inf": (lambda: C.forward_with_lse(x, x, x, False, float("inf")), ValueError,
+                                       r"^scale must be a finite float or None, got inf$"),
+        "merge_partials shapes": (lambda: C.merge_partials(torch.zeros(1, 3, 2), torch.zeros(1, 3, 1),
+                                                           torch.zeros(1, 4, 2), torch.zeros(1, 4, 1)),
+                                  ValueError, r"^out_a and out_b must have one shape.*\(1, 3, 2\) and \(1, 4, 2\)$"),
+        "merge_partials lse shape": (lambda: C.merge_partials(torch.zeros(1, 3, 2), torch.zeros(1, 3),
+                                                              torch.zeros(1, 3, 2), torch.zeros(1, 3, 1)),
+                                     ValueError, r"^lse_a must have out_a's shape with a 1 in the last dim"),
+        "merge_partials list": (lambda: C.merge_partials([0.0], [0.0], [0.0], [0.0]), TypeError,
+                                r"^out_a must be a torch.Tensor, got list$"),
+        "run_on_cpu list": (lambda: run_on_cpu([1.0], x, x), TypeError, r"^query must be a torch.Tensor, got list$"),
+        "positions float L": (lambda: LY.positions(8.0, 2, 0, "contiguous"), TypeError,
+                              r"^L must be an int >= 0, got float 8.0$"),
+        "positions str rank": (lambda: LY.positions(8, 2, "0", "contiguous"), TypeError,
+                               r"^rank must be an int in \[0, world_size\) = \[0, 2\), got str '0'$"),
+        "alibi list": (lambda: MM.alibi([0.5]), TypeError, r"^slopes must be a \(H,\) float tensor, got list"),
+        "alibi 2-D": (lambda: MM.alibi(torch.ones(2, 2)), ValueError, r"^slopes must be .*got shape \(2, 2\)$"),
+        "document list": (lambda: MM.document([0, 0, 1]), TypeError,
+                          r"^document_ids must be a \(N,\) or \(B, N\) integer tensor, got list"),
+        "key_padding str": (lambda: MM.key_padding("ab"), TypeError, r"^kv_lens must be B integer lengths"),
+        "key_padding float tensor": (lambda: MM.key_padding(torch.ones(2)), TypeError,
+                                     r"^kv_lens must be B integer lengths >= 0, got a torch.float32 tensor$"),
+        "create_block_mask float BLOCK_SIZE": (
+            lambda: ac.create_block_mask(MM.causal, None, None, 4, 4, BLOCK_SIZE=2.0), TypeError,
+            r"^BLOCK_SIZE must be a positive int or a pair of them, got float"),
+        "choose_backend not inputs": (lambda: choose_backend(3), TypeError,
+                                      r"^inputs must be an AttentionInputs .*got int$"),
+        "dense_mask negative L": (lambda: MM.dense_mask(MM.causal, 1, 1, -1, 3), ValueError,
+                                  r"^L must be an int in \[0, \d+\], got -1$"),
+        "dense_mask not a mod": (lambda: MM.dense_mask(3, 1, 1, 2, 3), TypeError, r"^mask_mod must be a function"),
+        "index_grids negative B": (lambda: MM.index_grids(-1, 1, 2, 2), ValueError,
+                                   r"^B must be an int in \[0, \d+\], got -1$"),
+        "index_grids unknown device": (lambda: MM.index_grids(1, 1, 2, 2, device="tpu"), ValueError,
+                                       r"^device 'tpu' cannot be used on this machine"),
+        "dense_scores list": (lambda: MM.dense_scores(MM.noop_score, [1.0]), TypeError,
+                              r"^scores must be a torch.Tensor, got list$"),
+        "dense_scores 3-D": (lambda: MM.dense_scores(MM.noop_score, torch.zeros(1, 2, 3)), ValueError,
+                             r"^scores must be \(B, H, L, S\), got shape \(1, 2, 3\)"),
+        "leave_one_out_mask negative": (lambda: KR.leave_one_out_mask(-1), ValueError,
+                                        r"^n must be an int in \[0, \d+\], got -1$"),
+        "gaussian list": (lambda: KR.gaussian([1.0]), TypeError, r"^u must be a torch.Tensor, got list$"),
+        "epanechnikov integer": (lambda: KR.epanechnikov(torch.ones(3, dtype=torch.long)), TypeError,
+                                 r"^u must have a floating-point dtype, got torch.int64$"),
+        "elu_feature_map list": (lambda: LA.elu_feature_map([1.0]), TypeError, r"^x must be a torch.Tensor, got list$"),
+    }
+
+
+PRIMITIVE_CASES = _primitive_cases()
+
+
+@pytest.mark.parametrize("name", list(PRIMITIVE_CASES))
+def test_primitives_refuse_by_name(name):
+    raises_as_listed(PRIMITIVE_CASES[name])
+
+
+def test_delta_rule_with_no_token_gives_the_empty_answer_and_the_state():
+    from attention_core.linear_attention import delta_rule
+
+    q = torch.randn(2, 3, 0, 4)
+    v = torch.randn(2, 3, 0, 5)
+    out, state = delta_rule(q, q, v)
+    assert out.shape == (2, 3, 0, 5) and torch.equal(state, torch.zeros(2, 3, 5, 4))
+    given = torch.randn(2, 3, 5, 4)
+    out, state = delta_rule(q, q, v, state=given)
+    assert out.shape == (2, 3, 0, 5) and torch.equal(state, given) and state is not given
+
+
+def test_gather_refusal_leaves_the_cache_alone_and_a_good_call_matches():
+    from attention_core.paged_attention import gather_paged_kv
+
+    cache = torch.randn(4, 2, 3, 5)
+    before = cache.clone()
+    with pytest.raises(ValueError):
+        gather_paged_kv(cache, torch.tensor([0, 7]), 6)
+    assert torch.equal(cache, before)
+    got = gather_paged_kv(cache, torch.tensor([2, 0, 9]), 5)  # the unused third entry may hold anything
+    assert torch.equal(got, torch.cat([cache[2], cache[0]], dim=1)[:, :5])

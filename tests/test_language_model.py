@@ -188,8 +188,10 @@ def test_cache_arguments_are_checked() -> None:
     model = sharp_model()
     with pytest.raises(ValueError, match="window is a property of the cache"):
         model(tokens(1, 4), model.new_cache(), window=3)
-    with pytest.raises(ValueError, match="tokens must be a \\(B, L\\) integer tensor"):
+    with pytest.raises(TypeError, match="tokens must be a \\(B, L\\) integer tensor"):
         model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="tokens must be a \\(B, L\\) integer tensor"):
+        model(torch.zeros(4, dtype=torch.long))
 
 
 # --------------------------------------------------------------------------------------------- sampling

@@ -59,6 +59,7 @@ from typing import Callable, Union
 
 import torch
 
+from attention_core._checks import parse_device
 from attention_core.backends import chunked, numpy_backend, reference, torch_backend
 from attention_core.backends import fused_checks as _fused
 from attention_core.backends.inputs import AttentionInputs, BackendResult
@@ -182,11 +183,7 @@ def available_backends(device: torch.device | str | None = None) -> list[str]:
     """
     kind = None
     if device is not None:
-        try:
-            kind = torch.device(device).type
-        except (RuntimeError, TypeError) as err:
-            raise ValueError(f"device must be a torch.device or a device string such as 'cpu' or 'cuda', got "
-                             f"{device!r} ({err})") from None
+        kind = parse_device(device, "device").type
     return [name for name, b in _REGISTRY.items() if b.is_available()[0] and (kind is None or b.runs_on(kind))]
 
 
@@ -198,8 +195,13 @@ def use_backend(name: str | None) -> Iterator[None]:
     own). A ``backend=`` argument to a call still wins.
 
     Example:
-        >>> with use_backend("reference"):
-        ...     out = scaled_dot_product_attention(q, k, v)  # doctest: +SKIP
+        >>> import torch
+        >>> import attention_core as ac
+        >>> q = k = v = torch.ones(1, 1, 2, 4)
+        >>> with ac.use_backend("reference"):
+        ...     out = ac.scaled_dot_product_attention(q, k, v)
+        >>> out.shape
+        torch.Size([1, 1, 2, 4])
     """
     if name is not None:
         _check_available(get_backend(name))
@@ -227,7 +229,10 @@ def choose_backend(inputs: AttentionInputs) -> Backend:
                               Triton uses no tensor cores there (its ``auto_ok``)
     other    ``torch``        ``reference`` if some future entry ahead of it declines
     ======== ================ =============================================================
+
+    ``inputs`` is an :class:`AttentionInputs` (``TypeError`` otherwise).
     """
+    _check_inputs(inputs)
     for name in AUTO_ORDER:
         backend = _REGISTRY.get(name)
         if (backend is not None and backend.is_available()[0] and backend.supports(inputs) is None
@@ -243,6 +248,7 @@ def resolve_backend(name: str | None, inputs: AttentionInputs) -> Backend:
         ValueError: unknown name; a backend that cannot run on this machine; or one that cannot handle these
             inputs (the message gives the reason and the alternatives).
     """
+    _check_inputs(inputs)
     if name is None:
         name = _TRACED.name if torch.compiler.is_compiling() else _CURRENT.get()
     if name is None:
@@ -254,6 +260,11 @@ def resolve_backend(name: str | None, inputs: AttentionInputs) -> Backend:
         able = [n for n in available_backends() if _REGISTRY[n].supports(inputs) is None]
         raise ValueError(f"backend {name!r} cannot handle these inputs: {reason}; backends that can: {able}")
     return backend
+
+
+def _check_inputs(inputs: object) -> None:
+    if not isinstance(inputs, AttentionInputs):
+        raise TypeError(f"inputs must be an AttentionInputs (the canonical 4-D call), got {type(inputs).__name__}")
 
 
 def _check_available(backend: Backend) -> None:

@@ -67,8 +67,19 @@ from typing import Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from attention_core._checks import check_int
-from attention_core.backends.inputs import AttentionInputs, BackendResult, compute_dtype, no_weights, scale_or_default
+from attention_core._checks import (
+    check_bool_flag,
+    check_floating,
+    check_int,
+    check_mask_broadcasts,
+    check_rank,
+    check_same_device,
+    check_same_dtype,
+    check_scale,
+    check_tensor,
+    fmt_shape,
+)
+from attention_core.backends.inputs import AttentionInputs, BackendResult, compute_dtype, no_weights
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "backward_with_lse", "chunked_attention", "forward_with_lse", "merge_partials",
            "run", "supports"]
@@ -490,7 +501,11 @@ def forward_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> tuple[torch.Tensor, torch.Tensor]:
     """One block's partial result: ``out`` (B*H, G, L, Ev) and ``lse`` (B*H, G, L, 1), compute dtype, natural
     units, in the kernel's layout (the G query heads that share a key/value head beside each other); a row that
-    sees no key of this block has ``out`` 0 and ``lse`` = -inf (it adds nothing when merged)."""
+    sees no key of this block has ``out`` 0 and ``lse`` = -inf (it adds nothing when merged). The input is
+    checked as :func:`attention_core.backends.chunked.chunked_attention` checks it (4-D tensors, ``scale`` a
+    finite float or ``None``)."""
+    _check_blocks_and_rank(query, key, value, block_q, block_k, "forward_with_lse")
+    scale = _check_canonical(query, key, value, None, is_causal, scale)
     _, out, lse = _launch_forward(query, key, value, None, is_causal, scale, block_q, block_k)
     return out, lse.masked_fill_(lse == float("inf"), _NEG_INF)
 
@@ -514,7 +529,22 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
 
         lse = log(exp(lse_a) + exp(lse_b))      out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
 
-    computed from the larger of the two, so nothing overflows; a row with ``lse = -inf`` in both stays 0."""
+    computed from the larger of the two, so nothing overflows; a row with ``lse = -inf`` in both stays 0.
+    ``out_a`` and ``out_b`` are floating tensors of one shape, ``lse_a`` and ``lse_b`` that shape with a 1 in
+    the last dim (``TypeError``/``ValueError`` naming the argument otherwise)."""
+    named = {"out_a": out_a, "lse_a": lse_a, "out_b": out_b, "lse_b": lse_b}
+    for name, t in named.items():
+        check_tensor(t, name)
+        check_floating(t, name)
+    check_same_device(**named)
+    if out_a.dim() == 0 or out_b.shape != out_a.shape:
+        raise ValueError(f"out_a and out_b must have one shape with at least 1 dim, got {fmt_shape(out_a.shape)} "
+                         f"and {fmt_shape(out_b.shape)}")
+    want = (*out_a.shape[:-1], 1)
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} must have out_a's shape with a 1 in the last dim, {want}, got "
+                             f"{fmt_shape(t.shape)}")
     m = torch.maximum(lse_a, lse_b)
     m = m.masked_fill(m == _NEG_INF, 0.0)  # both empty: weights exp(-inf) = 0 below, no -inf - -inf
     w_a, w_b = (lse_a - m).exp(), (lse_b - m).exp()
@@ -559,16 +589,54 @@ def chunked_attention(
     Returns:
         (B, Hq, L, Ev) in the query's dtype; fully masked rows are zeros.
     """
+    check_bool_flag(enable_gqa, "enable_gqa")
+    _check_blocks_and_rank(query, key, value, block_q, block_k, "chunked_attention")
+    scale = _check_canonical(query, key, value, attn_mask, is_causal, scale)
+    return _attend(query, key, value, attn_mask, is_causal, scale, block_q, block_k)
+
+
+def _check_blocks_and_rank(query: object, key: object, value: object, block_q: object, block_k: object,
+                           who: str) -> None:
+    """Tile sizes ints >= 1; query, key, value tensors in the canonical 4-D layout."""
     check_int(block_q, "block_q", low=1)
     check_int(block_k, "block_k", low=1)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(t, name)
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise ValueError(
-            "chunked_attention takes canonical 4-D inputs (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev); got "
+            f"{who} takes canonical 4-D inputs (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev); got "
             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)} "
             "(scaled_dot_product_attention takes any layout)"
         )
-    return _attend(query, key, value, attn_mask, is_causal, scale_or_default(scale, query.shape[-1]), block_q,
-                   block_k)
+
+
+def _check_canonical(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attn_mask: Optional[torch.Tensor], is_causal: object, scale: object) -> float:
+    """The refusals of ``scaled_dot_product_attention`` for canonical 4-D inputs, by name; returns the scale."""
+    check_floating(query, "query")
+    check_same_dtype(query=query, key=key, value=value)
+    check_same_device(query=query, key=key, value=value)
+    check_bool_flag(is_causal, "is_causal")
+    (B, Hq, L, E), (Bk, H, S, Ek), (Bv, Hv, Sv, _) = query.shape, key.shape, value.shape
+    shapes = f"query {fmt_shape(query.shape)}, key {fmt_shape(key.shape)}, value {fmt_shape(value.shape)}"
+    if E == 0 or Ek != E:
+        raise ValueError(f"query and key must have the same feature size E >= 1 (dim -1): got {shapes}")
+    if (Bk, H, S) != (Bv, Hv, Sv) or Bk != B:
+        raise ValueError(f"key and value must agree in (B, H, S), and B with query's: got {shapes}")
+    if (H == 0 and Hq != 0) or (H != 0 and Hq % H != 0):
+        raise ValueError(f"query heads (Hq={Hq}) must be a multiple of the key/value heads (H={H}): got {shapes}")
+    if attn_mask is not None:
+        check_tensor(attn_mask, "attn_mask")
+        if is_causal:
+            raise ValueError("attn_mask and is_causal=True were both given; pass one (combine them into attn_mask)")
+        if attn_mask.dtype != torch.bool and attn_mask.dtype not in (torch.float32, query.dtype):
+            raise TypeError(f"attn_mask must be bool, float32 or the query's dtype ({query.dtype}), got "
+                            f"{attn_mask.dtype}")
+        check_same_device(query=query, attn_mask=attn_mask)
+        check_rank(attn_mask, "attn_mask", (4,), "4-D, broadcastable to (B, Hq, L, S)")
+        check_mask_broadcasts(attn_mask, "attn_mask", (B, Hq, L, S), "(B, Hq, L, S)")
+    value_ = check_scale(scale, positive=False)
+    return 1.0 / math.sqrt(E) if value_ is None else value_
 
 
 def _attend(query, key, value, attn_mask, is_causal, scale, block_q, block_k) -> torch.Tensor:  # noqa: ANN001

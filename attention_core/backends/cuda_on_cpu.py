@@ -35,7 +35,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 
 import torch
 
-from attention_core._checks import check_scale
+from attention_core._checks import check_bool_flag, check_scale, check_tensor
 from attention_core.backends.cuda_kernels import csrc_sources
 from attention_core.backends.inputs import scale_or_default
 
@@ -265,6 +265,9 @@ def run_on_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, i
     Raises:
         RuntimeError: no C++ compiler (the message says which were looked for), or the harness stopped the kernel.
     """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(t, name)
+    check_bool_flag(is_causal, "is_causal")
     level = (1 if query.dtype == torch.float32 else 2) if level is None else level
     _problem(query, key, value, level)
     scale = scale_or_default(check_scale(scale), query.shape[-1])

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Optional, Tuple
 
 import torch
 
+from attention_core._checks import parse_device
+
 if TYPE_CHECKING:  # the registry imports this module, so the type is only named, never imported, here
     from attention_core.backends.inputs import AttentionInputs
 
@@ -152,8 +154,11 @@ def tensor_core_kernel(device: torch.device | str) -> Optional[str]:
     level 2 drives them through WMMA (float16; bfloat16 WMMA needs sm_80). The automatic choice stays
     ``torch`` on every GPU: on a T4, PyTorch's SDPA runs its memory-efficient kernel, which has float16
     tensor-core builds for sm_75 (its FlashAttention-2 kernel needs sm_80).
+
+    ``device`` is a ``torch.device`` or a device string (``TypeError`` otherwise; ``ValueError`` for a string
+    that names no device, such as ``"tpu"``).
     """
-    device = torch.device(device)
+    device = parse_device(device, "device")
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     return "triton" if triton_uses_tensor_cores(device) else "cuda"

@@ -46,13 +46,21 @@ def _bounds(L: int, parts: int) -> List[int]:
     return edges
 
 
+def check_length_and_world(L: object, world_size: object) -> None:
+    """Raise ``TypeError`` (not an int) or ``ValueError`` (out of range), naming the argument, unless ``L`` is an
+    int >= 0 and ``world_size`` an int >= 1 (the one check of every function here that takes them)."""
+    check_int(L, "L", low=0)
+    check_int(world_size, "world_size", low=1)
+
+
 def segments(L: int, world_size: int, rank: int, layout: str) -> List[Segment]:
     """Rank ``rank``'s positions as runs ``(local start, global start, length, stride)``, in local order."""
     check_layout(layout)
-    for name, value, low in (("L", L, 0), ("world_size", world_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+    check_length_and_world(L, world_size)
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"rank must be an int in [0, world_size) = [0, {world_size}), got {type(rank).__name__} "
+                        f"{short_repr(rank)}")
+    if not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, world_size) = [0, {world_size}), got {rank!r}")
     P, r = world_size, rank
     if layout == "contiguous":
@@ -75,7 +83,9 @@ def positions(L: int, world_size: int, rank: int, layout: str) -> torch.Tensor:
 
 
 def local_lengths(L: int, world_size: int, layout: str) -> List[int]:
-    """Rows each rank holds, rank by rank."""
+    """Rows each rank holds, rank by rank (``world_size`` ints)."""
+    check_layout(layout)
+    check_length_and_world(L, world_size)
     return [sum(n for _, _, n, _ in segments(L, world_size, r, layout)) for r in range(world_size)]
 
 

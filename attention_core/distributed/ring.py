@@ -38,9 +38,18 @@ from attention_core._checks import (
     check_same_dtype,
     check_scale,
     check_tensor,
+    short_repr,
 )
 from attention_core.backends.chunked import BLOCK_K, BLOCK_Q, backward_with_lse, forward_with_lse, merge_partials
-from attention_core.distributed.layout import Segment, check_layout, gather_shapes, group_info, local_lengths, segments
+from attention_core.distributed.layout import (
+    Segment,
+    check_layout,
+    check_length_and_world,
+    gather_shapes,
+    group_info,
+    local_lengths,
+    segments,
+)
 
 __all__ = ["CommStats", "block_plan", "kernel_tiles", "ring_attention", "ring_bytes", "ring_tiles"]
 
@@ -110,11 +119,28 @@ def kernel_tiles(n: int, m: int, causal: bool, block_q: int = BLOCK_Q, block_k: 
     return total
 
 
+def check_byte_counts(lengths: object, **sizes: object) -> None:
+    """The one check of the byte formulas (:func:`ring_bytes`, ``ulysses_bytes``): ``lengths`` a non-empty list
+    or tuple of ints >= 0; each size an int >= 0, an ``itemsize`` (``acc_itemsize`` unless ``None``) an int >= 1."""
+    if not isinstance(lengths, (list, tuple)):
+        raise TypeError(f"lengths must be a list or tuple of ints >= 0 (rows per rank), got "
+                        f"{type(lengths).__name__} {short_repr(lengths)}")
+    if not lengths:
+        raise ValueError("lengths must hold one int >= 0 per rank, got an empty sequence")
+    for i, n in enumerate(lengths):
+        check_int(n, f"lengths[{i}]", low=0, note=f"(the rows rank {i} holds)")
+    for name, value in sizes.items():
+        if name == "acc_itemsize" and value is None:
+            continue
+        check_int(value, name, low=1 if name.endswith("itemsize") else 0)
+
+
 def ring_tiles(L: int, world_size: int, layout: str, is_causal: bool = True, block_q: int = BLOCK_Q,
                block_k: int = BLOCK_K) -> List[int]:
     """Score tiles each rank computes in one forward pass of ring attention over L positions (per (batch,
     kv-head) pair): counted from the plans, without processes."""
     check_layout(layout)
+    check_length_and_world(L, world_size)
     counts = []
     for r in range(world_size):
         mine = segments(L, world_size, r, layout)
@@ -133,7 +159,13 @@ def ring_bytes(lengths: Sequence[int], batch: int, kv_heads: int, head_dim: int,
     ranks r, r-1, ..., r-P+2 (P-1 sends). Backward: the same P-1 key/value sends, plus every block's dK/dV
     accumulator once (P sends, the last one home), in ``acc_itemsize`` bytes per number (the compute dtype).
     With equal lengths n: forward ``(P-1) * n * B * H_kv * (E + Ev) * itemsize``.
+
+    ``lengths`` is a non-empty sequence of ints >= 0 (one per rank), the sizes are ints >= 0 and the item sizes
+    ints >= 1; anything else raises ``TypeError`` or ``ValueError`` naming the argument.
     """
+    check_byte_counts(lengths, batch=batch, kv_heads=kv_heads, head_dim=head_dim, value_dim=value_dim,
+                      itemsize=itemsize, acc_itemsize=acc_itemsize)
+    check_bool_flag(backward, "backward")
     P = len(lengths)
     per_row = batch * kv_heads * (head_dim + value_dim)
     acc = itemsize if acc_itemsize is None else acc_itemsize

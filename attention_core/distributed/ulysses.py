@@ -16,9 +16,10 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from attention_core._checks import check_bool_flag
 from attention_core.backends import get_backend
 from attention_core.distributed.layout import local_lengths, positions
-from attention_core.distributed.ring import CommStats, check_options, check_shards
+from attention_core.distributed.ring import CommStats, check_byte_counts, check_options, check_shards
 from attention_core.functional import scaled_dot_product_attention
 
 __all__ = ["ulysses_attention", "ulysses_bytes"]
@@ -80,7 +81,12 @@ def ulysses_bytes(lengths: Sequence[int], batch: int, heads: int, kv_heads: int,
     ``n_r * B * (Hq*E + H*E + H*Ev) * (P-1)/P``, then the output rows of its Hq/P heads that belong to the
     others, ``(L - n_r) * B * (Hq/P) * Ev``. The backward sends the mirror images: the output's gradient as the
     q, k, v went forward and the q, k, v gradients as the output came back.
+
+    The arguments are checked as :func:`~attention_core.distributed.ring.ring_bytes` checks them.
     """
+    check_byte_counts(lengths, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                      value_dim=value_dim, itemsize=itemsize)
+    check_bool_flag(backward, "backward")
     P, L = len(lengths), sum(lengths)
     out = []
     for n in lengths:

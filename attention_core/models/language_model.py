@@ -434,7 +434,10 @@ class DecoderLM(nn.Module):
                     block_mask: Optional[BlockMask] = None) -> None:
         """Everything a call can be refused for, checked before any layer touches the cache."""
         check_tensor(tokens, "tokens")
-        if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"tokens must be a (B, L) integer tensor (int64 or int32), got {tokens.dtype} "
+                            f"{fmt_shape(tokens.shape)}")
+        if tokens.dim() != 2:
             raise ValueError(f"tokens must be a (B, L) integer tensor, got {tokens.dtype} {fmt_shape(tokens.shape)}")
         check_bool_flag(need_weights, "need_weights")
         V = self.vocab_size
