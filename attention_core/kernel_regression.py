@@ -332,6 +332,7 @@ def leave_one_out_mse(
     Returns:
         0-d tensor.
     """
+    check_tensor(x, "x")  # before x.shape: a list is refused by name, as nadaraya_watson refuses it
     mask = leave_one_out_mask(x.shape[0], device=x.device)  # (n, n)
     pred = nadaraya_watson(x, x, y, kernel, bandwidth, attn_mask=mask)
     return (pred - y).pow(2).mean()

@@ -343,3 +343,11 @@ def test_gather_refusal_leaves_the_cache_alone_and_a_good_call_matches():
     assert torch.equal(cache, before)
     got = gather_paged_kv(cache, torch.tensor([2, 0, 9]), 5)  # the unused third entry may hold anything
     assert torch.equal(got, torch.cat([cache[2], cache[0]], dim=1)[:, :5])
+
+
+def test_leave_one_out_mse_refuses_a_list_by_name():
+    """A referee's probe: a list for x gave AttributeError ('list' has no .shape) instead of naming x."""
+    from attention_core import kernel_regression as kr
+
+    with pytest.raises(TypeError, match="x"):
+        kr.leave_one_out_mse([1.0, 2.0, 3.0], torch.ones(3))
