@@ -70,3 +70,13 @@ def test_bandwidth_explorer_lays_out_its_controls_and_follows_both() -> None:
     assert ex.summary.value.startswith("gaussian kernel, h = 1.000:")
     ex.kernel.value = "boxcar"
     assert ex.summary.value.startswith("boxcar kernel, h = 1.000:")
+
+
+def test_window_explorer_says_an_empty_window_holds_no_word():
+    """D = 0 at a fractional p_t keeps no word: the summary says so instead of naming position 0 (a referee saw
+    "most on 'six' (position 0, weight 0.000)")."""
+    from attention_core.booktools.widgets import WindowExplorer
+
+    ex = WindowExplorer(torch.arange(6, dtype=torch.float32), list("abcdef"), window=0, center=2.5)
+    assert ex.describe(0, 2.5).endswith("the window holds no word (local-p keeps no weight)")
+    assert "most on 'c'" in ex.describe(0, 2.0)

@@ -217,6 +217,8 @@ class WindowExplorer(_FigureExplorer):
     def describe(self, window: int, center: float) -> str:
         """The summary line for one setting: the kept mass and the most weighted word."""
         w = window_weights(self.scores, center, window)
+        if not bool((w > 0).any()):  # D = 0 at a fractional p_t: no word within the window
+            return f"D = {window}, p_t = {center:.1f}: the window holds no word (local-p keeps no weight)"
         top = int(w.argmax())
         return (f"D = {window}, p_t = {center:.1f}: local-p keeps {float(w.sum()):.3f} of the mass, "
                 f"most on '{self.src_tokens[top]}' (position {top}, weight {float(w[top]):.3f})")
