@@ -882,7 +882,7 @@ def flash_attention(
 
     Limits: with grouped-query attention the dK/dV kernel sums a group's query heads inside one program; when
     that leaves SMs idle (few key/value heads, short S) it splits the group over up to ``Hq // H`` programs
-    that write float32 partial sums (:data:`GQA_SPLIT`), which costs ``split`` extra (B, H, S, E) buffers.
+    that write float32 partial sums (``GQA_SPLIT``), which costs ``split`` extra (B, H, S, E) buffers.
     """
     _check_inputs(query, key, value, is_causal, window)
     triton_tensor_core_warning(query.device)
