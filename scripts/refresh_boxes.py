@@ -32,13 +32,18 @@ def box_calls(source: str) -> Iterator[ast.Call]:
             yield node
 
 
-def current_markup(call: ast.Call) -> str:
-    """The page version the library builds now for this call (its arguments are literals in every chapter)."""
+def value_check(call: ast.Call):
+    """The box a chapter's ``check_value(...)`` call builds (its arguments are literals in every chapter)."""
     from attention_core.booktools import exercises
 
     args = [ast.literal_eval(a) for a in call.args]
     kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-    return exercises.ValueCheck(*args, **kwargs).static_html()
+    return exercises.ValueCheck(*args, **kwargs)
+
+
+def current_markup(call: ast.Call) -> str:
+    """The page version the library builds now for this call."""
+    return value_check(call).static_html()
 
 
 def _uid(markup: str) -> str:

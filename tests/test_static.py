@@ -221,21 +221,7 @@ _CH09_KV_TRIES = {"6.25": "query heads", "0.625": "keys or values only", "2.5": 
 
 def _ch09_kv_box():
     """Chapter 9's KV-cache box, rebuilt from the notebook's own check_value call (every keyword it passes)."""
-    import ast
-    from pathlib import Path
-
-    import nbformat
-
-    from attention_core.booktools import exercises
-
-    path = Path(__file__).resolve().parent.parent / "book" / "09_attention_at_scale.ipynb"
-    for cell in nbformat.read(path, as_version=4).cells:
-        if cell.cell_type == "code" and "KV cache (GiB)" in cell.source:
-            call = next(n for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Call)
-                        and getattr(n.func, "attr", "") == "check_value")
-            return exercises.ValueCheck(*(ast.literal_eval(a) for a in call.args),
-                                        **{k.arg: ast.literal_eval(k.value) for k in call.keywords})
-    raise AssertionError("chapter 9 has no KV-cache box")
+    return _chapter_box("09_attention_at_scale", "KV cache (GiB)")
 
 
 def test_a_box_names_the_known_mistake_a_value_matches() -> None:
@@ -256,21 +242,20 @@ _CH05_WEIGHT_TRIES = {"0.119": 'weight on "bat"', ".1192": 'weight on "bat"', "0
 
 
 def _chapter_box(stem: str, label: str):
-    """A chapter's number box, rebuilt from the notebook's own check_value call (every keyword it passes)."""
-    import ast
+    """A chapter's number box, rebuilt from the notebook's own check_value call (every keyword it passes), as
+    scripts/refresh_boxes.py rebuilds it."""
+    import importlib.util
     from pathlib import Path
 
     import nbformat
 
-    from attention_core.booktools import exercises
-
-    path = Path(__file__).resolve().parent.parent / "book" / f"{stem}.ipynb"
-    for cell in nbformat.read(path, as_version=4).cells:
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("refresh_boxes", root / "scripts" / "refresh_boxes.py")
+    refresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(refresh)
+    for cell in nbformat.read(root / "book" / f"{stem}.ipynb", as_version=4).cells:
         if cell.cell_type == "code" and label in cell.source and "check_value" in cell.source:
-            call = next(n for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Call)
-                        and getattr(n.func, "attr", "") == "check_value")
-            return exercises.ValueCheck(*(ast.literal_eval(a) for a in call.args),
-                                        **{k.arg: ast.literal_eval(k.value) for k in call.keywords})
+            return refresh.value_check(next(refresh.box_calls(cell.source)))
     raise AssertionError(f"{stem} has no box labelled {label!r}")
 
 
