@@ -37,6 +37,12 @@ Command line (one process; set ``OMP_NUM_THREADS=1``)::
     python -m attention_core.shakespeare.recent                     # the comparison; writes checkpoints/recent/
     python -m attention_core.shakespeare.recent --smoke --out /tmp/r   # a seconds-long run of every step
     python -m attention_core.shakespeare.recent --high-lr-only      # the high-rate study alone, into results.json
+    python -m attention_core.shakespeare.recent --sink-scale        # the sink study; writes checkpoints/recent_sink/
+
+The sink study (``--sink-scale``) trains only the variants whose papers speak of attention sinks
+(:data:`SINK_VARIANTS`: the baseline, the output gate, learned sink logits) at the ``sink`` recipe's own scale
+(:data:`SINK_BASE`: 2000 steps of 32 crops of 128 after the start token, width 64, 2 layers: the scale at which
+chapter 11's ``sink_bos`` model forms a sink), three seeds each, with every measure above and no high-rate study.
 
 It writes ``<out>/<variant>_s<seed>.pt`` with their sha256 and recipe in ``<out>/manifest.json``, and
 ``<out>/results.json`` (every measure per run, mean and min-max per variant, the floors, the high-rate study);
@@ -129,6 +135,13 @@ class RecentRecipe(ExperimentRecipe):
 BASE = RecentRecipe("recent_baseline", d_model=64, num_layers=2, num_heads=4, num_kv_heads=4, dim_feedforward=256,
                     context=64, steps=STEPS, batch_size=16, lr=2e-3, warmup=40, repeat_fraction=0.5,
                     repeat_random=True, bos=True)
+
+#: The sink study's recipe: :data:`BASE` at the ``sink`` recipe's scale (its steps, batch, crop length and warm-up).
+SINK_BASE = replace(BASE, name="recent_sink_baseline", steps=2000, batch_size=32, context=128, warmup=100)
+#: The variants of the sink study: those whose papers claim an effect on attention sinks.
+SINK_VARIANTS = ("baseline", "output_gate", "sink_logits")
+#: Where the sink study writes its checkpoints, manifest and results.
+RECENT_SINK_DIR = CHECKPOINT_DIR / "recent_sink"
 
 #: Each variant's options (the rest is :data:`BASE`).
 VARIANTS: Dict[str, Dict[str, Any]] = {
@@ -324,8 +337,8 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
                    variants: Sequence[str] = tuple(VARIANTS), high_lrs: Sequence[float] = HIGH_LRS,
                    sweep_steps: Optional[int] = None, val_blocks: int = VAL_BLOCKS, decode_tokens: int = 64,
                    command: str = "", show_progress: bool = False) -> Dict[str, Any]:
-    """Train and measure every variant and seed, the floors and the high-rate study; write checkpoints, the
-    manifest and ``results.json`` in ``out``; return the results."""
+    """Train and measure every variant and seed, the floors and the high-rate study (none when ``high_lrs`` is
+    empty); write checkpoints, the manifest and ``results.json`` in ``out``; return the results."""
     corpus = load_corpus()
     V = len(corpus.vocab)
     out.mkdir(parents=True, exist_ok=True)
@@ -366,8 +379,9 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
                          "note": "add-one count tables of the training split on the same validation blocks (each "
                                  "row's first character is not predicted; the models predict it after the start "
                                  "token); unigram on the whole validation split"}
-    results["high_lr"] = _high_lr_study(base, corpus, seeds, high_lrs, sweep_steps or base.steps, unigram,
-                                        val_blocks, show_progress)
+    if high_lrs:
+        results["high_lr"] = _high_lr_study(base, corpus, seeds, high_lrs, sweep_steps or base.steps, unigram,
+                                            val_blocks, show_progress)
     results["wall_seconds"] = time.perf_counter() - started
     _write(out, results)
     return results
@@ -422,10 +436,12 @@ def print_table(results: Dict[str, Any]) -> None:
             print(f"  {variant:14s} {_fmt(s[m])}")
     f = results["floors"]
     print(f"\nfloors: unigram {f['unigram']:.4f}, bigram {f['bigram']:.4f}, trigram {f['trigram']:.4f}")
-    h = results["high_lr"]
-    print(f"high learning rate {h['lr']:g} (sweep: {[(s['lr'], s['diverged']) for s in h['sweep']]}):")
     uniform = statistics.fmean(1 / (t + 1) for t in range(1, results["base_recipe"]["context"]))
     print(f"(uniform attention would put {uniform:.3f} on the first token, mean over queries t >= 1)")
+    h = results.get("high_lr")
+    if h is None:
+        return
+    print(f"high learning rate {h['lr']:g} (sweep: {[(s['lr'], s['diverged']) for s in h['sweep']]}):")
     for variant, runs in h["runs"].items():
         logits = [round(r["max_attention_logit"], 1) for r in runs]
         print(f"  {variant:10s} diverged {sum(r['diverged'] for r in runs)}/{len(runs)}, val "
@@ -440,7 +456,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--progress", action="store_true", help="progress bars")
     parser.add_argument("--high-lr-only", action="store_true",
                         help="rerun only the high learning-rate study, replacing it in <out>/results.json")
+    parser.add_argument("--sink-scale", action="store_true",
+                        help="the sink study: SINK_VARIANTS at the sink recipe's scale (default out: recent_sink/)")
     args = parser.parse_args(argv)
+    if args.sink_scale and args.high_lr_only:
+        parser.error("--sink-scale has no high learning-rate study; drop --high-lr-only")
     torch.set_num_threads(1)
     command = "OMP_NUM_THREADS=1 python -m attention_core.shakespeare.recent" + (" --smoke" if args.smoke else "")
     if args.high_lr_only:
@@ -455,7 +475,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         _write(out, results)
         print_table(results)
         return results
-    if args.smoke:
+    if args.sink_scale:
+        out = Path(args.out) if args.out != str(RECENT_DIR) else RECENT_SINK_DIR
+        base = replace(SINK_BASE, steps=3, warmup=1) if args.smoke else SINK_BASE
+        results = run_comparison(out, base, seeds=(0,) if args.smoke else SEEDS, variants=SINK_VARIANTS,
+                                 high_lrs=(), val_blocks=4 if args.smoke else VAL_BLOCKS,
+                                 decode_tokens=2 if args.smoke else 64, command=command + " --sink-scale",
+                                 show_progress=args.progress)
+    elif args.smoke:
         results = run_comparison(Path(args.out), replace(BASE, steps=3, warmup=1), seeds=(0,), high_lrs=(1e-2, 3.0),
                                  val_blocks=4, decode_tokens=2, command=command)
     else:
