@@ -46,7 +46,8 @@ from attention_core._checks import (
 )
 from attention_core.mask_mods import MaskMod
 
-__all__ = ["causal_allowed", "causal_topk_mask", "indexer_kl_loss", "indexer_scores", "selection_mask_mod"]
+__all__ = ["causal_allowed", "causal_topk_mask", "indexer_kl_loss", "indexer_scores", "selection_mask_mod",
+           "topk_within"]
 
 
 def indexer_scores(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -102,12 +103,12 @@ def causal_topk_mask(scores: torch.Tensor, k: int, *, offset: int = 0) -> torch.
 
     Query ``t`` sits at position ``offset + t`` and may read keys ``s <= offset + t`` (``offset = S - L`` when the
     queries are the last ``L`` of ``S`` tokens, as in decoding). Of those it keeps the ``min(k, offset + t + 1)``
-    of largest score (ties broken by ``torch.topk``); a key after the query is never selected, whatever its
-    score. Every query keeps at least one key (``k >= 1``).
+    of largest score (ties to the most recent key, as :func:`topk_within`); a key after the query is never
+    selected, whatever its score. Every query keeps at least one key (``k >= 1``).
 
     Args:
         scores: (..., L, S) floating, e.g. :func:`indexer_scores` (a NaN counts as the largest score, as in
-            ``torch.topk``).
+            ``torch.sort``).
         k: keys per query, >= 1.
         offset: the position of query 0, >= 0, with ``offset + L <= S``.
     """
@@ -121,8 +122,20 @@ def causal_topk_mask(scores: torch.Tensor, k: int, *, offset: int = 0) -> torch.
     allowed = causal_allowed(L, S, offset, scores.device)  # (L, S)
     if S == 0 or L == 0:
         return allowed.expand(scores.shape).clone()
-    masked = scores.detach().masked_fill(~allowed, float("-inf"))  # (..., L, S)
-    idx = masked.topk(min(k, S), dim=-1).indices  # (..., L, min(k, S))
+    return topk_within(scores, allowed.expand(scores.shape), k)
+
+
+def topk_within(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
+    """Each query's ``k`` keys of largest score among its ``allowed`` ones (all of them when it has at most
+    ``k``): scores (..., L, S), allowed (..., L, S) bool -> (..., L, S) bool (True = attend). The selection passes no
+    gradient. Ties (frequent: a key whose ReLU terms are all 0 scores exactly 0) go to the most recent key, by a
+    stable sort, so that a query selects the same keys whether it comes alone (decoding) or with others."""
+    S = scores.shape[-1]
+    if S == 0:
+        return allowed.clone()
+    masked = scores.detach().masked_fill(~allowed, float("-inf")).flip(-1)  # (..., L, S), the most recent key first
+    order = masked.sort(dim=-1, descending=True, stable=True).indices[..., : min(k, S)]  # (..., L, min(k, S))
+    idx = S - 1 - order  # back to key indices
     keep = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, idx, True)
     return keep & allowed  # a query with fewer than k candidates picked some -inf keys: dropped here
 
