@@ -445,4 +445,5 @@ def weights_entropy(weights: torch.Tensor) -> torch.Tensor:
     """
     check_tensor(weights, "weights")
     check_floating(weights, "weights")
+    check_tensors_fit("weights_entropy", weights=weights)  # xlogy makes one tensor of the weights' shape
     return -torch.special.xlogy(weights, weights).sum(-1)  # xlogy(0, 0) = 0: empty keys add nothing
