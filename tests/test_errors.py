@@ -438,3 +438,12 @@ def test_a_size_that_cannot_fit_is_refused_by_name_before_allocating(name):
         call()
     if expected is TooLargeError:
         assert isinstance(info.value, MemoryError) and "GiB" in str(info.value)
+
+
+def test_gather_from_an_empty_cache_checks_its_size_without_indexing_a_block():
+    """The size check multiplies the cache's per-block shape: a cache of 0 blocks (nothing to index) still answers."""
+    from attention_core.paged_attention import gather_paged_kv
+
+    assert gather_paged_kv(torch.zeros(0, 2, 4, 3), torch.zeros(2, dtype=torch.long), 0).shape == (2, 0, 3)
+    with pytest.raises(ValueError, match="N_blocks = 0"):
+        gather_paged_kv(torch.zeros(0, 2, 4, 3), torch.zeros(2, dtype=torch.long), 3)
