@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from attention_core._checks import (
+    check_device,
     check_fits,
     check_floating,
     check_int,
@@ -86,6 +87,8 @@ def causal_allowed(L: int, S: int, offset: int = 0, device: torch.device | str |
     """(L, S) bool: query ``t`` (at position ``offset + t``) may read key ``s`` when ``s <= offset + t``."""
     L, S = check_positive_int(L, "L", allow_zero=True), check_positive_int(S, "S", allow_zero=True)
     offset = check_int(offset, "offset", low=0)
+    device = check_device(device)
+    check_fits(L * S, f"causal_allowed's (L, S) = ({L}, {S}) bool mask", device or "cpu")
     t = torch.arange(L, device=device).unsqueeze(-1)  # (L, 1)
     return torch.arange(S, device=device) <= t + offset  # (L, S)
 
@@ -119,6 +122,8 @@ def causal_topk_mask(scores: torch.Tensor, k: int, *, offset: int = 0) -> torch.
     if offset + L > S:
         raise ValueError(f"offset + L must be <= S (the last query reads at most every key), got offset = {offset}, "
                          f"scores {fmt_shape(scores.shape)}")
+    check_fits(scores.numel() * (2 * scores.element_size() + 10),  # masked scores, the sort, the selection
+               f"causal_topk_mask's sort of scores {fmt_shape(scores.shape)}", scores.device)
     allowed = causal_allowed(L, S, offset, scores.device)  # (L, S)
     if S == 0 or L == 0:
         return allowed.expand(scores.shape).clone()
@@ -193,6 +198,9 @@ def indexer_kl_loss(scores: torch.Tensor, attn_weights: torch.Tensor, keys: torc
                          f"{fmt_shape(keys.shape)}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {short_repr(reduction)}")
+    check_fits((attn_weights.numel() + 6 * scores.numel()) * scores.element_size(),  # read once, six temporaries
+               f"indexer_kl_loss's attn_weights {fmt_shape(attn_weights.shape)} and scores "
+               f"{fmt_shape(scores.shape)}", scores.device)
     p = attn_weights.detach().to(scores.dtype).sum(-3).masked_fill(~keys, 0.0)  # (..., L, S)
     mass = p.sum(-1, keepdim=True)  # (..., L, 1)
     p = p / torch.where(mass > 0, mass, 1.0)  # L1-normalized on the kept keys
