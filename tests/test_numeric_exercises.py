@@ -162,7 +162,7 @@ WRITTEN_AS: dict[tuple[str, str], list[str]] = {
     ("10", "entropy (nats)"): ["1.040", "1.04", "1.0397"],
     ("11", "MHA cache / MLA cache, 32 heads"): ["14", "14.2", "14.22", "128/9"],
     ("12", "pairs of the strided pattern, L = 4096, stride 64"): ["389,152", "389152", " 389,152.0 "],
-    ("13", "JSD (nats)"): ["0.4", "0.38", "0.380"],
+    ("13", "JSD (nats)"): ["0.38", "0.380", "0.3804"],
     ("15", "tokens per step"): ["3.4", "3.36", "3.3616"],
     ("12", "tokens at which the cache equals the state"): ["64.5", "129/2"],
 }
@@ -173,7 +173,7 @@ REFUSED_NOW: dict[tuple[str, str], list[str]] = {
     ("02", "scale s ="): ["0.063", "0.062"],  # 1/16 exactly
     ("06", "KiB per token, 4 kv heads"): ["160.1", "159.9"],  # a whole number of KiB
     ("12", "tokens at which the cache equals the state"): ["64.6", "64.4", "65"],  # 129/2 exactly
-    ("13", "JSD (nats)"): ["0.3", "0.5"],
+    ("13", "JSD (nats)"): ["0.3", "0.5", "0.4", "0.37", "0.39"],  # to 2 decimal places: 0.38
 }
 
 
@@ -231,7 +231,7 @@ STUDENT_TRIES: dict[tuple[str, str], dict[str, list[str]]] = {
                         "unit": ["557056", "0.53"]},  # all tiles; twice; no diagonal; elements; a fraction
     ("09", "l ="): {"right": ["1.149", "1.1494"], "rounded": ["1.15", "1.1"], "factor": ["23.09", "61.26"],
                     "unit": ["5.139", "0.139"]},  # from m1; rescaled the wrong way; log-sum-exp; log l
-    ("13", "JSD (nats)"): {"right": ["0.38", "0.3804", "0.4"], "rounded": ["0.3", "0"], "factor": ["0.761", "0.19"],
+    ("13", "JSD (nats)"): {"right": ["0.38", "0.3804"], "rounded": ["0.4", "0"], "factor": ["0.761", "0.19"],
                            "unit": ["0.549", "0.165"]},  # not halved; halved twice; bits; log10
 }
 
