@@ -28,6 +28,7 @@ import torch
 pytest.importorskip("hypothesis")
 
 import _exercises_ch16 as _ch16  # noqa: E402
+import _exercises_ch17 as _ch17  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import attention_core as ac  # noqa: E402
@@ -70,7 +71,7 @@ NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch0
             "ch13": "13_attention_as_explanation",
             "ch14": "14_vision_transformer",
             "ch15": "15_serving", "ch16": "16_attention_across_devices",
-            "ch18": "18_low_precision"}
+            "ch17": "17_recent_models", "ch18": "18_low_precision"}
 NEG_INF = float("-inf")
 LIBRARY = "is not available while your"  # what a blocked library function says
 
@@ -609,6 +610,7 @@ EXTRA = {
     "ch14.patchify": (CH14, [lambda x, p: vit.patchify(x, p), lambda x, p: _LIBRARY_IN_A_DICT["pf"](x, p)]),
     "ch15.residual": (CH15, CH15_LIBRARY),
     "ch16.zigzag_block_mask": (_ch16.EXTRA_MISTAKES, _ch16.LIBRARY),
+    "ch17.sink_attention": (_ch17.EXTRA_MISTAKES, _ch17.LIBRARY),
     "ch18.fake_quantize_blocks": ([
         ("float32 whatever x's dtype", lambda x, b: elp.fake_quantize_blocks_mistake(x, b).float()),
         ("the scale of the block's first row only", lambda x, b: torch.cat([
@@ -1148,6 +1150,10 @@ def test_chapter_9_partial_softmax_is_the_one_the_checker_uses():
 ALTERNATIVES["ch16.zigzag_block_mask"] = _ch16.ALTERNATIVES
 WORKED_COPIES["ch16.zigzag_block_mask"] = _ch16.WORKED_COPY
 STATEMENT_OUTPUT["ch16.zigzag_block_mask"] = _ch16.STATEMENT_OUTPUT
+# chapter 17 (its entries live in tests/_exercises_ch17.py)
+ALTERNATIVES["ch17.sink_attention"] = _ch17.ALTERNATIVES
+WORKED_COPIES["ch17.sink_attention"] = _ch17.WORKED_COPY
+STATEMENT_OUTPUT["ch17.sink_attention"] = _ch17.STATEMENT_OUTPUT
 
 
 WORKED_IN_CODE = [key for key in ce.EXERCISES if any(
