@@ -1,5 +1,6 @@
 """FlexAttention on any machine: block masks that record which tiles are empty, full or partial, and attention
-that never touches an empty tile.
+that never touches an empty tile (the ``chunked`` and ``triton`` backends; the ``reference`` oracle computes every
+score).
 
 The names and argument orders are PyTorch's (``torch.nn.attention.flex_attention``), so code written against
 this module moves to a GPU unchanged::
@@ -22,7 +23,8 @@ this module and the backends, and are re-exported here.
 
 Backends (``backend=``): ``"reference"``, the dense oracle (every score computed, then masked; returns what
 the formula says, with autograd through everything); ``"chunked"`` (the default), online softmax over the
-non-empty tiles only, forward and backward, in :mod:`attention_core.backends.chunked_flex`.
+non-empty tiles only, forward and backward, in :mod:`attention_core.backends.chunked_flex`; ``"triton"``, a
+Triton kernel over the non-empty tiles (a GPU, or Triton's interpreter on a CPU).
 
 Policy, as :func:`attention_core.scaled_dot_product_attention`: a query row that reads no key (every pair
 masked, or every score set to ``-inf`` by the ``score_mod``) gives zeros, and no gradient.
@@ -156,7 +158,8 @@ def flex_attention(
     """Attention with the scores edited by ``score_mod`` and the pairs chosen by ``block_mask``.
 
     ``softmax(score_mod(scale * q k^T) masked by block_mask.mask_mod) @ v``; tiles the block mask records as
-    empty are never computed (``chunked``), full tiles skip the predicate.
+    empty are never computed (``chunked`` and ``triton``; ``reference`` computes every score, then masks), full
+    tiles skip the predicate.
 
     Args:
         query: (B, Hq, L, E) floating.

@@ -11,7 +11,8 @@ The layout of one call::
         |  _prepare: check types, dtypes, devices, ranks, sizes, flags; broadcast the leading dims
         v
     canonical (B, Hq, L, E), (B, H, S, E), (B, H, S, Ev), mask 4-D      (see attention_core.backends)
-        |  _nonfinite: one isfinite check; only if it fails, zero the bad entries and note the rows they poison
+        |  _nonfinite: eager CPU tensors: one sum per input, and only if it is not finite, zero the bad entries
+        |              and note the rows they poison; on a GPU, under torch.compile or torch.func: that on every call
         |  resolve_backend: backend= > use_backend(...) > automatic
         v
     out (B, Hq, L, Ev), NaN put back in the poisoned rows  ->  (..., Hq, L, Ev)
@@ -445,4 +446,5 @@ def weights_entropy(weights: torch.Tensor) -> torch.Tensor:
     """
     check_tensor(weights, "weights")
     check_floating(weights, "weights")
+    check_tensors_fit("weights_entropy", weights=weights)  # xlogy makes one tensor of the weights' shape
     return -torch.special.xlogy(weights, weights).sum(-1)  # xlogy(0, 0) = 0: empty keys add nothing

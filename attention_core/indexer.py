@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from attention_core._checks import (
+    check_device,
     check_fits,
     check_floating,
     check_int,
@@ -46,7 +47,8 @@ from attention_core._checks import (
 )
 from attention_core.mask_mods import MaskMod
 
-__all__ = ["causal_allowed", "causal_topk_mask", "indexer_kl_loss", "indexer_scores", "selection_mask_mod"]
+__all__ = ["causal_allowed", "causal_topk_mask", "indexer_kl_loss", "indexer_scores", "selection_mask_mod",
+           "topk_within"]
 
 
 def indexer_scores(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -85,6 +87,8 @@ def causal_allowed(L: int, S: int, offset: int = 0, device: torch.device | str |
     """(L, S) bool: query ``t`` (at position ``offset + t``) may read key ``s`` when ``s <= offset + t``."""
     L, S = check_positive_int(L, "L", allow_zero=True), check_positive_int(S, "S", allow_zero=True)
     offset = check_int(offset, "offset", low=0)
+    device = check_device(device)
+    check_fits(L * S, f"causal_allowed's (L, S) = ({L}, {S}) bool mask", device or "cpu")
     t = torch.arange(L, device=device).unsqueeze(-1)  # (L, 1)
     return torch.arange(S, device=device) <= t + offset  # (L, S)
 
@@ -102,12 +106,12 @@ def causal_topk_mask(scores: torch.Tensor, k: int, *, offset: int = 0) -> torch.
 
     Query ``t`` sits at position ``offset + t`` and may read keys ``s <= offset + t`` (``offset = S - L`` when the
     queries are the last ``L`` of ``S`` tokens, as in decoding). Of those it keeps the ``min(k, offset + t + 1)``
-    of largest score (ties broken by ``torch.topk``); a key after the query is never selected, whatever its
-    score. Every query keeps at least one key (``k >= 1``).
+    of largest score (ties to the most recent key, as :func:`topk_within`); a key after the query is never
+    selected, whatever its score. Every query keeps at least one key (``k >= 1``).
 
     Args:
         scores: (..., L, S) floating, e.g. :func:`indexer_scores` (a NaN counts as the largest score, as in
-            ``torch.topk``).
+            ``torch.sort``).
         k: keys per query, >= 1.
         offset: the position of query 0, >= 0, with ``offset + L <= S``.
     """
@@ -118,11 +122,25 @@ def causal_topk_mask(scores: torch.Tensor, k: int, *, offset: int = 0) -> torch.
     if offset + L > S:
         raise ValueError(f"offset + L must be <= S (the last query reads at most every key), got offset = {offset}, "
                          f"scores {fmt_shape(scores.shape)}")
+    check_fits(scores.numel() * (2 * scores.element_size() + 10),  # masked scores, the sort, the selection
+               f"causal_topk_mask's sort of scores {fmt_shape(scores.shape)}", scores.device)
     allowed = causal_allowed(L, S, offset, scores.device)  # (L, S)
     if S == 0 or L == 0:
         return allowed.expand(scores.shape).clone()
-    masked = scores.detach().masked_fill(~allowed, float("-inf"))  # (..., L, S)
-    idx = masked.topk(min(k, S), dim=-1).indices  # (..., L, min(k, S))
+    return topk_within(scores, allowed.expand(scores.shape), k)
+
+
+def topk_within(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
+    """Each query's ``k`` keys of largest score among its ``allowed`` ones (all of them when it has at most
+    ``k``): scores (..., L, S), allowed (..., L, S) bool -> (..., L, S) bool (True = attend). The selection passes no
+    gradient. Ties (frequent: a key whose ReLU terms are all 0 scores exactly 0) go to the most recent key, by a
+    stable sort, so that a query selects the same keys whether it comes alone (decoding) or with others."""
+    S = scores.shape[-1]
+    if S == 0:
+        return allowed.clone()
+    masked = scores.detach().masked_fill(~allowed, float("-inf")).flip(-1)  # (..., L, S), the most recent key first
+    order = masked.sort(dim=-1, descending=True, stable=True).indices[..., : min(k, S)]  # (..., L, min(k, S))
+    idx = S - 1 - order  # back to key indices
     keep = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, idx, True)
     return keep & allowed  # a query with fewer than k candidates picked some -inf keys: dropped here
 
@@ -180,6 +198,9 @@ def indexer_kl_loss(scores: torch.Tensor, attn_weights: torch.Tensor, keys: torc
                          f"{fmt_shape(keys.shape)}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {short_repr(reduction)}")
+    check_fits((attn_weights.numel() + 6 * scores.numel()) * scores.element_size(),  # read once, six temporaries
+               f"indexer_kl_loss's attn_weights {fmt_shape(attn_weights.shape)} and scores "
+               f"{fmt_shape(scores.shape)}", scores.device)
     p = attn_weights.detach().to(scores.dtype).sum(-3).masked_fill(~keys, 0.0)  # (..., L, S)
     mass = p.sum(-1, keepdim=True)  # (..., L, 1)
     p = p / torch.where(mass > 0, mass, 1.0)  # L1-normalized on the kept keys

@@ -581,7 +581,8 @@ def draw_omega(num_features: int, dim: int, *, generator: torch.Generator | None
     check_floating_dtype(dtype)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    check_fits(m * d * torch.empty((), dtype=dtype).element_size(), f"draw_omega's (m, d) = ({m}, {d})", "cpu")
+    check_fits(m * d * torch.empty((), dtype=dtype).element_size(),
+               f"draw_omega's (num_features, dim) = ({m}, {d}) directions", "cpu")
     return torch.randn(m, d, generator=generator, dtype=dtype)
 
 

@@ -72,7 +72,7 @@ def causal_mask(L: int, S: int | None = None, *, device: Device = None) -> torch
     L = check_positive_int(L, "L", allow_zero=True)
     S = L if S is None else check_positive_int(S, "S", allow_zero=True)
     device = check_device(device)
-    _check_numel(L, S)
+    _check_numel(L, S, "causal_mask's (L, S)")
     return dense_mask(mask_mods.causal, 1, 1, L, S, device)[0, 0]  # the causal mod on every pair
 
 
@@ -102,7 +102,7 @@ def sliding_window_mask(
     S = L if S is None else check_positive_int(S, "S", allow_zero=True)
     check_bool_flag(causal, "causal")
     device = check_device(device)
-    _check_numel(L, S)
+    _check_numel(L, S, "sliding_window_mask's (L, S)")
     return dense_mask(mask_mods.sliding_window(window, causal), 1, 1, L, S, device)[0, 0]  # (L, S)
 
 
@@ -145,7 +145,7 @@ def padding_mask(
         raise TypeError(
             f"valid_lens must be a list of ints or a 1-D integer tensor, got {short_repr(valid_lens)}"
         )
-    _check_numel(lens.shape[0], max_len)
+    _check_numel(lens.shape[0], max_len, "padding_mask's (len(valid_lens), max_len)")
     # a meta tensor has no values to check: its (meta) result has the right shape all the same
     if lens.numel() and lens.device.type != "meta" and (int(lens.min()) < 0 or int(lens.max()) > max_len):
         raise ValueError(f"valid_lens must lie in [0, max_len={max_len}], got {short_repr(lens.tolist())}")
@@ -153,11 +153,10 @@ def padding_mask(
     return positions[None, :] < lens[:, None]  # (1, S) < (B, 1) -> (B, S)
 
 
-def _check_numel(L: int, S: int) -> None:
-    """A (L, S) mask must be a tensor torch can describe: at most 2**63 - 1 elements."""
-    if L * S > 2**63 - 1:
-        raise ValueError(f"L * S = {L} * {S} elements is more than a tensor can hold (2**63 - 1)")
-    check_fits(L * S, f"an (L, S) = ({L}, {S}) bool mask", "cpu")  # one byte per entry
+def _check_numel(L: int, S: int, what: str) -> None:
+    """Refuse, before allocating, an (L, S) bool mask that cannot fit in memory (or a tensor): ``TooLargeError``
+    naming ``what``, the function and its two sizes, e.g. ``"causal_mask's (L, S)"``."""
+    check_fits(L * S, f"{what} = ({L}, {S}) bool mask", "cpu")  # one byte per entry
 
 
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:

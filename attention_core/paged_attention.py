@@ -134,6 +134,8 @@ def gather_paged_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len:
         raise ValueError(f"cache must have block_size >= 1 slots, got shape {fmt_shape(cache.shape)}")
     width = block_table_row.shape[0]
     seq_len = check_int(seq_len, "seq_len", low=0, high=width * bs)
+    check_fits(2 * -(-seq_len // bs) * math.prod(cache.shape[1:]) * cache.element_size(),  # the blocks, then (H, S, E)
+               f"gather_paged_kv's copy of seq_len = {seq_len} slots of cache {fmt_shape(cache.shape)}", cache.device)
     used = block_table_row[: -(-seq_len // bs)]
     if used.numel() and (int(used.min()) < 0 or int(used.max()) >= N):
         raise ValueError(f"block_table_row lists blocks outside [0, N_blocks = {N}) in the entries seq_len = "

@@ -119,6 +119,7 @@ def longformer_mod(window: int, global_tokens: Sequence[int] = (0,), *, causal: 
     if any(x >= n for x in g):
         raise ValueError(f"global_tokens must be < max_len = {n}, got {short_repr(g)}")
     check_bool_flag(causal, "causal")
+    check_fits(n, f"longformer_mod's (max_len,) = ({n},) table of global tokens", "cpu")
     table = _global_table(g, n)
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -200,8 +201,8 @@ def fixed_mask(L: int, block: int, summary: int = 1, *, causal: bool = True) -> 
 def longformer_mask(L: int, window: int, global_tokens: Sequence[int] = (0,), *, causal: bool = True) -> torch.Tensor:
     """Bool (L, L) mask of :func:`longformer_mod`: a band of half-width ``window``, global rows and columns."""
     L = check_positive_int(L, "L")
+    _check_dense(L, L, "longformer_mask", 2)  # before the mod's (L,) table of global tokens
     longformer_mod(window, global_tokens, causal=causal, max_len=L)  # validates
-    _check_dense(L, L, "longformer_mask", 2)
     m = torch.ones(L, L, dtype=torch.bool).triu(-window).tril(window)
     for g in global_tokens:
         m[g, :] = True

@@ -351,3 +351,99 @@ def test_leave_one_out_mse_refuses_a_list_by_name():
 
     with pytest.raises(TypeError, match="x"):
         kr.leave_one_out_mse([1.0, 2.0, 3.0], torch.ones(3))
+
+
+# ------------------------------------------------------------------ sizes that cannot fit, refused by name
+
+HUGE = 2**31  # an (HUGE, HUGE) anything holds 2**62 entries: more than any machine's memory
+HUGE_S = "2147483648"
+
+
+def _wide(*shape, dtype=torch.float32):
+    """A zero-stride view of one element with shape ``shape``: it costs nothing to make, whatever its size."""
+    return torch.zeros((1,) * len(shape), dtype=dtype).expand(*shape)
+
+
+def _size_refusals():
+    from attention_core import functional as F
+    from attention_core import indexer, linear_attention, positional
+    from attention_core import sparse_patterns as sp
+    from attention_core.paged_attention import gather_paged_kv
+    from attention_core.serving.blocks import BlockAllocator
+
+    square = rf"\({HUGE_S}, {HUGE_S}\)"
+    wide_bool = _wide(HUGE, HUGE, dtype=torch.bool)
+    long = _wide(1, 1, 2**24, 8)  # 512 MiB as read: it fits, its (L, S) = (2**24, 2**24) products do not
+    ls = r"\(1, 1, 16777216, 16777216\)"
+    return {  # name: (call, what the message must say: the argument and its size)
+        "attention": (lambda: F.attention(_wide(1, 1, HUGE, 8), long, long),
+                      rf"attention's query of shape \(1, 1, {HUGE_S}, 8\)"),
+        "attention_with_weights": (lambda: F.attention_with_weights(long, long, long),
+                                   rf"\(B, Hq, L, S\) = {ls} scores and weights would take"),
+        "nadaraya_watson_weights": (lambda: ac.nadaraya_watson_weights(_wide(2**24, 1), _wide(2**24, 1)),
+                                    r"nadaraya_watson's \(L, S, d\) = \(16777216, 16777216, 1\) differences"),
+        "linear_attention kernel matrix": (lambda: linear_attention.linear_attention(long, long, long),
+                                           rf"linear_attention's \(\.\.\., L, S\) = {ls} kernel matrix"),
+        "sliding_window_mask": (lambda: masks.sliding_window_mask(HUGE, 4),
+                                rf"sliding_window_mask's \(L, S\) = {square} bool mask would take"),
+        "padding_mask": (lambda: masks.padding_mask(_wide(HUGE, dtype=torch.long), HUGE),
+                         rf"padding_mask's \(len\(valid_lens\), max_len\) = {square} bool mask would take"),
+        "fixed_mask": (lambda: sp.fixed_mask(HUGE, 4), rf"fixed_mask's dense \(L, S\) = {square} mask"),
+        "longformer_mask": (lambda: sp.longformer_mask(HUGE, 4), rf"longformer_mask's dense \(L, S\) = {square}"),
+        "longformer_mod": (lambda: sp.longformer_mod(4, max_len=2**62),
+                           rf"longformer_mod's \(max_len,\) = \({2**62},\) table of global tokens"),
+        "bigbird_mask": (lambda: sp.bigbird_mask(HUGE, 4), rf"bigbird_mod's dense \(L, S\) = {square}"),
+        "bigbird_mod": (lambda: sp.bigbird_mod(HUGE, 4), rf"bigbird_mod's dense \(L, S\) = {square}"),
+        "two_hop_reach": (lambda: sp.two_hop_reach(wide_bool), rf"two_hop_reach's .* of mask {square}"),
+        "reaches_every_pair": (lambda: sp.reaches_every_pair(wide_bool), rf"two_hop_reach's .* of mask {square}"),
+        "tiles_visited": (lambda: sp.tiles_visited(wide_bool), rf"tiles_visited's padded mask of {square}"),
+        "draw_omega": (lambda: linear_attention.draw_omega(HUGE, HUGE),
+                       rf"draw_omega's \(num_features, dim\) = {square}"),
+        "BlockAllocator": (lambda: BlockAllocator(2**50), rf"num_blocks = {2**50} blocks would take"),
+        "weights_entropy": (lambda: ac.weights_entropy(_wide(HUGE, HUGE)),
+                            rf"weights_entropy's weights of shape {square}"),
+        "causal_allowed": (lambda: indexer.causal_allowed(HUGE, HUGE), rf"causal_allowed's \(L, S\) = {square}"),
+        "causal_topk_mask": (lambda: indexer.causal_topk_mask(_wide(HUGE, HUGE), 4),
+                             rf"causal_topk_mask's sort of scores {square}"),
+        "indexer_kl_loss": (lambda: indexer.indexer_kl_loss(_wide(HUGE, HUGE), _wide(1, HUGE, HUGE), wide_bool),
+                            rf"indexer_kl_loss's attn_weights \(1, {HUGE_S}, {HUGE_S}\) and scores {square}"),
+        "gather_paged_kv": (lambda: gather_paged_kv(_wide(1, 1024, 16, 1024), torch.zeros(2**16, dtype=torch.long),
+                                                    2**20), r"gather_paged_kv's copy of seq_len = 1048576 slots"),
+        # the positional tables, beyond what a tensor can index (below it, torch's allocator answers)
+        "sinusoidal_encoding": (lambda: positional.sinusoidal_encoding(2**62, 16),
+                                rf"num_positions \* d_model = {2**62} \* 16 is more than a tensor can hold"),
+        "SinusoidalPositionalEncoding": (lambda: positional.SinusoidalPositionalEncoding(16, 2**62),
+                                         rf"num_positions \* d_model = {2**62} \* 16 is more than a tensor can hold"),
+        "LearnedPositionalEmbedding": (lambda: positional.LearnedPositionalEmbedding(2**62, 16),
+                                       rf"max_len \* d_model = {2**62} \* 16 is more than a tensor can hold"),
+        "RotaryEmbedding": (lambda: positional.RotaryEmbedding(16, 2**62),
+                            rf"max_len \* head_dim = {2**62} \* 16 is more than a tensor can hold"),
+    }
+
+
+SIZE_REFUSALS = _size_refusals()
+POSITIONAL = {"sinusoidal_encoding", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding"}
+
+
+@pytest.mark.parametrize("name", sorted(SIZE_REFUSALS))
+def test_a_size_that_cannot_fit_is_refused_by_name_before_allocating(name):
+    """Each refusal the API page names, from sizes alone or zero-stride views (nothing large is allocated): a
+    TooLargeError (a ValueError and a MemoryError) naming the argument and its size; the positional tables,
+    past what a tensor can index, a ValueError saying so."""
+    from attention_core._checks import TooLargeError
+
+    call, message = SIZE_REFUSALS[name]
+    expected = ValueError if name in POSITIONAL else TooLargeError
+    with pytest.raises(expected, match=message) as info:
+        call()
+    if expected is TooLargeError:
+        assert isinstance(info.value, MemoryError) and "GiB" in str(info.value)
+
+
+def test_gather_from_an_empty_cache_checks_its_size_without_indexing_a_block():
+    """The size check multiplies the cache's per-block shape: a cache of 0 blocks (nothing to index) still answers."""
+    from attention_core.paged_attention import gather_paged_kv
+
+    assert gather_paged_kv(torch.zeros(0, 2, 4, 3), torch.zeros(2, dtype=torch.long), 0).shape == (2, 0, 3)
+    with pytest.raises(ValueError, match="N_blocks = 0"):
+        gather_paged_kv(torch.zeros(0, 2, 4, 3), torch.zeros(2, dtype=torch.long), 3)

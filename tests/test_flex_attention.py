@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -46,6 +47,7 @@ def _mods() -> dict:
         "longformer": mm.longformer(30, 2),
         "longformer_positions": mm.longformer(30, GLOBAL),
         "key_padding": mm.key_padding([150, 0]),  # batch row 1 reads nothing: zeros
+        "noop": mm.noop_mask,  # every tile full
     }
 
 
@@ -80,15 +82,65 @@ def _run(backend, q, k, v, score_mod, block_mask, extra, **kw):
 
 
 def _block_mask(name, block=BLOCK, L=L, S=S):
+    if name == "no_block_mask":
+        return None
     return create_block_mask(MODS[name], B if name in PER_BATCH else None, None, L, S, BLOCK_SIZE=block)
 
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2}
+MAX_DISTANCE = 20  # the relative-bias table's clip, as in _score_mods
+
+
+def _visible(mod_name) -> torch.Tensor:
+    """(B, 1, L, S) bool: the pairs the mask lets take part (the same in every head)."""
+    if mod_name == "no_block_mask":
+        return torch.ones(B, 1, L, S, dtype=torch.bool)
+    return mm.dense_mask(MODS[mod_name], B if mod_name in PER_BATCH else 1, 1, L, S).expand(B, 1, L, S)
+
+
+def _bf16_captured_grad_bound(mod_name, score_name, q, k, v) -> torch.Tensor:
+    """How far a bfloat16 gradient of the score mod's captured tensor may be from the exact one, per entry.
+
+    Each entry is a sum over the visible pairs (b, h, i, j) that add into it (the bias table: the pairs of head
+    h whose clipped distance j - i is its bucket; an ALiBi slope: every pair of its head) of the term
+    x = dS_ij * d(mod)/d(entry), with dS_ij = P_ij (dP_ij - delta_i). Two roundings at u = 2 ** -8 (bfloat16):
+    - each term is formed from bfloat16 dO, O and V: its error is at most about u * y with
+      y = P_ij (|dO_i| . |V_j| + |dO_i| . |O_i|) |d(mod)/d(entry)| (the cancellation in dP - delta included);
+    - the sum: autograd's indexing backward adds a table entry's m terms one by one in bfloat16 within a chunk
+      (chunks are then added in float32), an error of about u * sqrt(m) * sum |x| (Higham and Mary's
+      probabilistic bound for recursive summation), with m = the visible pairs of the bucket, counted from the
+      mask; a slope's terms are summed by a broadcast's backward, which accumulates in float32: m = 1.
+    Bound: u * (sum y + sqrt(m) * sum |x|), computed in float64 from the dense weights of the test's inputs.
+    """
+    vis = _visible(mod_name)
+    sm, _ = _score_mods(torch.float64, values_in=torch.bfloat16)[score_name]
+    q, k, v = (t.detach().double() for t in (q, k, v))
+    b, h, qi, ki = mm.index_grids(B, H, L, S)
+    scores = sm((q @ k.transpose(-1, -2)) * E ** -0.5, b, h, qi, ki).detach().masked_fill(~vis, -math.inf)
+    p = torch.softmax(scores, -1).nan_to_num(0.0)  # a row with no visible key: no pairs
+    out = p @ v
+    do = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view(out.shape)  # as in _run
+    x = p * (do @ v.transpose(-1, -2) - (do * out).sum(-1, keepdim=True))  # dS
+    y = p * (do.abs() @ v.abs().transpose(-1, -2) + (do.abs() * out.abs()).sum(-1, keepdim=True))
+    dist = torch.arange(S)[None, :] - torch.arange(L)[:, None]  # (L, S): j - i
+    if score_name == "alibi":  # d(mod)/d(slope) = j - i; one entry per head
+        entry, x, y, entries = torch.zeros_like(dist), x * dist, y * dist.abs(), 1
+        m = torch.ones(1, dtype=torch.float64)
+    else:  # d(mod)/d(table entry) = 1 for its bucket
+        entry, entries = dist.clamp(-MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE, 2 * MAX_DISTANCE + 1
+        pairs = vis.sum((0, 1)).reshape(-1).double()  # (L * S): visible pairs over the batch, per (i, j)
+        m = torch.zeros(entries, dtype=torch.float64).index_add_(0, entry.reshape(-1), pairs)
+
+    def per_entry(t):  # (B, H, L, S) -> (H, entries): sum over the batch and the entry's pairs
+        return torch.zeros(H, entries, dtype=torch.float64).index_add_(1, entry.reshape(-1), t.sum(0).flatten(1))
+
+    bound = 2.0 ** -8 * (per_entry(y) + m.sqrt() * per_entry(x.abs()))
+    return bound.reshape(H) if score_name == "alibi" else bound
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("score_name", ["none", "alibi", "soft_cap", "relative_bias"])
-@pytest.mark.parametrize("mod_name", sorted(MODS))
+@pytest.mark.parametrize("mod_name", [*sorted(MODS), "no_block_mask"])
 def test_chunked_equals_the_dense_reference(mod_name, score_name, dtype):
     """Half precision is compared with the float64 reference on the same (rounded) values: the bf16 reference
     itself sums a bias table's gradient in bf16."""
@@ -105,11 +157,22 @@ def test_chunked_equals_the_dense_reference(mod_name, score_name, dtype):
     assert all(x.dtype == dtype for x in g[:3])
     torch.testing.assert_close(out.double(), ref.double(), rtol=tol, atol=tol)
     for name, a, b in zip(["dq", "dk", "dv", "dmod"], g, ref_g):
+        if name == "dmod" and dtype == torch.bfloat16:
+            # A captured tensor's entry sums up to thousands of pairs (a clipped bucket of noop: 44,200): its
+            # bfloat16 gradient is held to a bound per entry, from the pairs the mask lets add into it (see
+            # _bf16_captured_grad_bound); an entry no visible pair adds into must be exactly 0. The suite draws
+            # input seed 0; checked once over seeds 0-5 for every mask and both captured tensors: the largest
+            # error was 0.36 of the bound for the bias table (longformer) and 0.073 for the slopes, and a
+            # gradient doubled or zeroed exceeds the bound for the table on every mask (by 1.55 times or more)
+            # and for the slopes on 10 of the 15 masks. With the gradient accumulated doubled in bfloat16, 29
+            # of these 30 cases fail at seed 0 (all but sliding_window_two_sided-alibi).
+            bound = _bf16_captured_grad_bound(mod_name, score_name, *_inputs(torch.float64, values_in=dtype))
+            err = (a.double() - b.double()).abs()
+            worst = float((err / bound).masked_fill(err == 0, 0.0).max())  # err > 0 where bound = 0: inf
+            assert (err <= bound).all(), f"{name}: the error reaches {worst:.3g} times the bound"
+            continue
         scale = max(1.0, float(b.abs().max()))  # captured tables sum over every pair: compare relative to size
-        # a bf16 table's gradient is summed in bf16 by autograd's indexing backward, within each chunk (the bf16
-        # reference sums all of it so): relative error about 2**-8 * sqrt(pairs per entry)
-        t = 1e-1 if name == "dmod" and dtype == torch.bfloat16 else tol
-        torch.testing.assert_close(a.double() / scale, b.double() / scale, rtol=t, atol=t, msg=name)
+        torch.testing.assert_close(a.double() / scale, b.double() / scale, rtol=tol, atol=tol, msg=name)
 
 
 def test_a_row_that_reads_nothing_is_zeros_with_no_gradient():

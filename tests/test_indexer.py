@@ -270,3 +270,17 @@ def test_scores_too_large_for_memory_are_refused_before_any_work():
     k = torch.zeros(1, 1, 8).expand(1, 2**20, 8)
     with pytest.raises(TooLargeError, match="GiB"):
         ix.indexer_scores(q, k, torch.zeros(1, 1, 1).expand(1, 4, 2**20))
+
+
+def test_ties_go_to_the_most_recent_key():
+    """Equal scores (a key whose ReLU terms are all 0 scores exactly 0): each query keeps the most recent keys, so
+    the selection of a query is the same alone (decoding) as with others; IndexedAttention selects so too."""
+    scores = torch.zeros(6, 6)
+    want = torch.zeros(6, 6, dtype=torch.bool)
+    for t in range(6):
+        want[t, max(0, t - 1): t + 1] = True  # itself and the one before
+    assert torch.equal(ix.causal_topk_mask(scores, 2), want)
+    last = ix.causal_topk_mask(scores[-1:], 2, offset=5)  # the last query alone, as in decoding
+    assert torch.equal(last, want[-1:])
+    nan = torch.tensor([[0.0, float("nan"), 0.0, 0.0]])
+    assert ix.causal_topk_mask(nan, 2, offset=3).tolist() == [[False, True, False, True]]  # NaN first, then recent

@@ -111,3 +111,36 @@ def test_the_committed_comparison_is_whole_and_its_checkpoints_are_what_the_mani
             assert s["min"] == min(values) and s["max"] == max(values)
             assert math.isclose(s["mean"], sum(values) / 3, rel_tol=1e-9, abs_tol=1e-12)
     assert set(results["high_lr"]["runs"]) == {"baseline", "qk_norm"}
+
+
+def test_the_sink_study_smoke_setting_trains_its_three_variants_at_the_sink_scale(tmp_path) -> None:
+    results = recent.main(["--sink-scale", "--smoke", "--out", str(tmp_path)])
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert set(results["runs"]) == set(recent.SINK_VARIANTS) and "high_lr" not in results
+    assert set(manifest) == {f"recent_{v}_s0" for v in recent.SINK_VARIANTS}
+    for entry in manifest.values():
+        assert entry["recipe"]["context"] == 128 and entry["recipe"]["batch_size"] == 32 and entry["recipe"]["bos"]
+    assert results["command"].endswith("--smoke --sink-scale")
+    with pytest.raises(SystemExit):
+        recent.main(["--sink-scale", "--high-lr-only", "--out", str(tmp_path)])
+
+
+def test_the_committed_sink_study_is_whole_at_the_sink_recipes_scale() -> None:
+    """The recorded sink study (``python -m attention_core.shakespeare.recent --sink-scale``): the baseline, the
+    output gate and sink logits, three seeds each, 2000 steps of 32 crops of 128, each checkpoint as the manifest
+    says, the budget within 1%."""
+    results = json.loads((recent.RECENT_SINK_DIR / "results.json").read_text())
+    manifest = json.loads((recent.RECENT_SINK_DIR / "manifest.json").read_text())
+    assert tuple(results["runs"]) == recent.SINK_VARIANTS and results["seeds"] == [0, 1, 2]
+    assert results["base_recipe"]["steps"] == 2000 and results["base_recipe"]["context"] == 128
+    for variant, runs in results["runs"].items():
+        assert [r["seed"] for r in runs] == [0, 1, 2]
+        for r in runs:
+            entry = manifest[f"recent_{variant}_s{r['seed']}"]
+            path = recent.RECENT_SINK_DIR / entry["file"]
+            assert entry["sha256"] == r["sha256"] == file_sha256(path) and path.stat().st_size < 1_000_000
+            assert entry["recipe"]["steps"] == 2000 and entry["recipe"]["batch_size"] == 32
+            assert abs(r["budget_gap"]) <= 0.01
+        for measure, s in results["summary"][variant].items():
+            values = [r[measure] for r in runs]
+            assert s["min"] == min(values) and s["max"] == max(values)

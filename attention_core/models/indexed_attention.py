@@ -43,7 +43,7 @@ import torch.nn as nn
 
 from attention_core._checks import check_bool_flag, check_positive_int
 from attention_core.functional import attention
-from attention_core.indexer import causal_allowed, causal_topk_mask, indexer_kl_loss, indexer_scores
+from attention_core.indexer import causal_allowed, causal_topk_mask, indexer_kl_loss, indexer_scores, topk_within
 from attention_core.models._inputs import check_sequence_input, check_state_tensors
 
 __all__ = ["IndexedAttention", "IndexedAttentionOutput", "IndexedCache", "LightningIndexer", "allowed_keys",
@@ -100,21 +100,6 @@ def allowed_keys(mask: Optional[torch.Tensor], is_causal: bool, B: int, L: int, 
     if mask.dtype != torch.bool:
         raise ValueError(f"an indexed layer needs a bool attention mask, got {mask.dtype}")
     return (mask if mask.dim() == 2 else mask[:, 0]).expand(B, L, S)  # (B, 1, L, S) -> (B, L, S)
-
-
-def topk_within(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
-    """Each query's ``k`` keys of largest score among its ``allowed`` ones (all of them when it has at most
-    ``k``): scores (B, L, S), allowed (B, L, S) bool -> (B, L, S) bool (True = attend). The selection passes no
-    gradient. Ties (frequent: a key whose ReLU terms are all 0 scores exactly 0) go to the most recent key, by a
-    stable sort, so that a query selects the same keys whether it comes alone (decoding) or with others."""
-    S = scores.shape[-1]
-    if S == 0:
-        return allowed.clone()
-    masked = scores.detach().masked_fill(~allowed, float("-inf")).flip(-1)  # (B, L, S), the most recent key first
-    order = masked.sort(dim=-1, descending=True, stable=True).indices[..., : min(k, S)]  # (B, L, min(k, S))
-    idx = S - 1 - order  # back to key indices
-    keep = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, idx, True)
-    return keep & allowed  # a query with fewer than k candidates picked some -inf keys: dropped here
 
 
 def pack_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:

@@ -40,8 +40,8 @@ Command line (one process; set ``OMP_NUM_THREADS=1``)::
     python -m attention_core.shakespeare.recent --sink-scale        # the sink study; writes checkpoints/recent_sink/
 
 The sink study (``--sink-scale``) trains only the variants whose papers speak of attention sinks
-(:data:`SINK_VARIANTS`: the baseline, the output gate, learned sink logits) at the ``sink`` recipe's own scale
-(:data:`SINK_BASE`: 2000 steps of 32 crops of 128 after the start token, width 64, 2 layers: the scale at which
+(``SINK_VARIANTS``: the baseline, the output gate, learned sink logits) at the ``sink`` recipe's own scale
+(``SINK_BASE``: 2000 steps of 32 crops of 128 after the start token, width 64, 2 layers: the scale at which
 chapter 11's ``sink_bos`` model forms a sink), three seeds each, with every measure above and no high-rate study.
 
 It writes ``<out>/<variant>_s<seed>.pt`` with their sha256 and recipe in ``<out>/manifest.json``, and
