@@ -28,6 +28,7 @@ import torch
 pytest.importorskip("hypothesis")
 
 import _exercises_ch16 as _ch16  # noqa: E402
+import _exercises_ch17 as _ch17  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import attention_core as ac  # noqa: E402
@@ -70,7 +71,7 @@ NOTEBOOK = {"ch01": "01_kernel_regression", "ch02": "02_scoring_functions", "ch0
             "ch13": "13_attention_as_explanation",
             "ch14": "14_vision_transformer",
             "ch15": "15_serving", "ch16": "16_attention_across_devices",
-            "ch18": "18_low_precision"}
+            "ch17": "17_recent_models", "ch18": "18_low_precision"}
 NEG_INF = float("-inf")
 LIBRARY = "is not available while your"  # what a blocked library function says
 
@@ -609,6 +610,7 @@ EXTRA = {
     "ch14.patchify": (CH14, [lambda x, p: vit.patchify(x, p), lambda x, p: _LIBRARY_IN_A_DICT["pf"](x, p)]),
     "ch15.residual": (CH15, CH15_LIBRARY),
     "ch16.zigzag_block_mask": (_ch16.EXTRA_MISTAKES, _ch16.LIBRARY),
+    "ch17.sink_attention": (_ch17.EXTRA_MISTAKES, _ch17.LIBRARY),
     "ch18.fake_quantize_blocks": ([
         ("float32 whatever x's dtype", lambda x, b: elp.fake_quantize_blocks_mistake(x, b).float()),
         ("the scale of the block's first row only", lambda x, b: torch.cat([
@@ -1148,6 +1150,10 @@ def test_chapter_9_partial_softmax_is_the_one_the_checker_uses():
 ALTERNATIVES["ch16.zigzag_block_mask"] = _ch16.ALTERNATIVES
 WORKED_COPIES["ch16.zigzag_block_mask"] = _ch16.WORKED_COPY
 STATEMENT_OUTPUT["ch16.zigzag_block_mask"] = _ch16.STATEMENT_OUTPUT
+# chapter 17 (its entries live in tests/_exercises_ch17.py)
+ALTERNATIVES["ch17.sink_attention"] = _ch17.ALTERNATIVES
+WORKED_COPIES["ch17.sink_attention"] = _ch17.WORKED_COPY
+STATEMENT_OUTPUT["ch17.sink_attention"] = _ch17.STATEMENT_OUTPUT
 
 
 WORKED_IN_CODE = [key for key in ce.EXERCISES if any(
@@ -1808,3 +1814,53 @@ def test_switching_the_profile_hook_off_is_refused():
     report = code_checks.check_function(hook_off, ce.spec("ch05.causal_attention"))
     assert report.status == "failed" and "sys.setprofile" in report.message, report.message
     assert sys.getprofile() is before
+
+
+def _ch17_own(sink_scale=1.0, stable=True, with_sink=True):
+    """A reader's own sink attention (not the checker's helper): the sink logit times ``sink_scale``, ``exp``
+    without the row's maximum when not ``stable``, no sink at all when not ``with_sink``."""
+    def sink_attention(q, k, v, sinks, mask):
+        z = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, NEG_INF)  # (H, L, S)
+        s = (sinks * sink_scale).view(-1, 1, 1)  # (H, 1, 1)
+        if not with_sink:
+            return torch.softmax(z, -1).nan_to_num(0.0) @ v
+        m = torch.maximum(z.amax(-1, keepdim=True), s) if stable else torch.zeros_like(s)
+        e = (z - m).exp()
+        return (e @ v) / (e.sum(-1, keepdim=True) + (s - m).exp())
+    return sink_attention
+
+
+@pytest.mark.parametrize("fn,hint", [
+    (_ch17_own(with_sink=False), "without exp(sinks[h]) each row's weights sum to 1"),
+    (_ch17_own(stable=False), "subtract each row's maximum"),
+    (_ch17_own(sink_scale=0.5), None),  # a sink halved: wrong values, no known mistake to name
+], ids=["no sink", "exp without the maximum", "sink halved"])
+def test_ch17_a_readers_own_sink_mistakes_are_refused_and_named(fn, hint):
+    """A reader's own sink attention without the sink, or with exp of unshifted scores, is refused with the hint of
+    that mistake; one with a mistake the checker does not know is refused without naming one; the reader's own
+    correct version passes."""
+    spec = ce.spec("ch17.sink_attention")
+    report = code_checks.check_function(fn, spec)
+    assert report.status == "failed", report.message
+    if hint is not None:
+        assert hint in report.message, report.message
+    else:
+        assert not _names_a_known_mistake("ch17.sink_attention", report.message), report.message
+    assert code_checks.check_function(_ch17_own(), spec).passed
+
+
+def test_ch17_a_fully_masked_row_gives_zeros_and_the_sink_is_the_only_key_left():
+    """The statement's warning: a query whose keys are all masked puts all its mass on the sink, whose value is zero;
+    an answer that gives that row the plain mean of the values (a 0 fill instead of -inf) is refused."""
+    spec = ce.spec("ch17.sink_attention")
+    q, k, v, sinks, mask = spec.examples[3]
+    assert not mask[0].any() and spec.reference(q, k, v, sinks, mask)[0, 0].abs().max() == 0
+    zero_fill = _ch17.EXTRA_MISTAKES[1][1]
+    assert code_checks.check_function(zero_fill, spec).status == "failed"
+
+
+def test_ch17_the_librarys_sink_attention_is_refused_by_its_own_name():
+    """Called whole, the library's sink_attention is refused by name (not only through the attention it calls)."""
+    report = code_checks.check_function(_ch17.LIBRARY[0], ce.spec("ch17.sink_attention"))
+    assert report.status == "failed"
+    assert "attention_core.models.attention_variants.sink_attention is not available" in report.message, report.message

@@ -92,6 +92,8 @@ MISTAKES: dict[tuple[str, str], list[float]] = {
     ("16", "MiB per device"): [128.0, 56.0, 896.0, 224.0, 112.0 * 2 + 128.0],
     # one below (64 * 31^2 = 61504 fits); one above; the scaled score 8 c^2 > 65504; c^2 > 65504 without E;
     # the root sqrt(65520 / 128) = 22.62 not taken to the next integer (typed as it is, or rounded up or down)
+    # 12 entries instead of 4; keys only; float32; the window forgotten; the local entries left out
+    ("17", "KV bytes per token"): [7296.0, 1216.0, 4864.0, 8192.0, 2048.0],
     ("18", "smallest c"): [31.0, 33.0, 91.0, 256.0, 22.6, "22.63", 23.4],
 }
 
@@ -165,6 +167,7 @@ WRITTEN_AS: dict[tuple[str, str], list[str]] = {
     ("13", "JSD (nats)"): ["0.38", "0.380", "0.3804"],
     ("15", "tokens per step"): ["3.4", "3.36", "3.3616"],
     ("12", "tokens at which the cache equals the state"): ["64.5", "129/2"],
+    ("17", "KV bytes per token"): ["2432", "2,432", "2432.0"],
 }
 #: (chapter, label) -> answers within the old relative tolerance that the stated precision refuses
 REFUSED_NOW: dict[tuple[str, str], list[str]] = {

@@ -32,6 +32,7 @@ from attention_core.booktools import (
     exercises_multi_head,
     exercises_positional,
     exercises_pretrained,
+    exercises_recent,
     exercises_scoring,
     exercises_self_attention,
     exercises_serving,
@@ -61,6 +62,7 @@ _BUILDERS: Dict[str, Callable[[], FunctionSpec]] = {
     "ch14.patchify": exercises_vision.build,
     "ch15.residual": exercises_serving.build,
     "ch16.zigzag_block_mask": exercises_distributed.build,
+    "ch17.sink_attention": exercises_recent.build,
     "ch18.fake_quantize_blocks": exercises_low_precision.ch18_spec,
 }
 #: The chapters' code exercises, by name (``"chNN.function"``).
