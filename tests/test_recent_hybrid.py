@@ -15,7 +15,8 @@ from attention_core.indexer import indexer_kl_loss
 from attention_core.mask_mods import causal
 from attention_core.models.attention_variants import count_parameters
 from attention_core.models.gated_delta import GatedDeltaLayer
-from attention_core.models.indexed_attention import pack_heads, topk_within, unpack_heads
+from attention_core.indexer import topk_within
+from attention_core.models.indexed_attention import pack_heads, unpack_heads
 from attention_core.models.kv_cache import KVCache
 from attention_core.models.language_model import (
     DecoderLM,

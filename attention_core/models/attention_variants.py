@@ -69,12 +69,11 @@ from attention_core import mask_mods
 from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape, short_repr
 from attention_core.flex_attention import flex_attention
 from attention_core.functional import attention
-from attention_core.indexer import indexer_kl_loss
+from attention_core.indexer import indexer_kl_loss, topk_within
 from attention_core.models.indexed_attention import (
     LightningIndexer,
     allowed_keys,
     pack_heads,
-    topk_within,
     unpack_heads,
 )
 from attention_core.models.kv_cache import KVCache, decode_mask, decode_mask_mod, rotate_at

@@ -43,11 +43,11 @@ import torch.nn as nn
 
 from attention_core._checks import check_bool_flag, check_positive_int
 from attention_core.functional import attention
-from attention_core.indexer import causal_allowed, causal_topk_mask, indexer_kl_loss, indexer_scores, topk_within
+from attention_core.indexer import causal_allowed, causal_topk_mask, indexer_kl_loss, indexer_scores
 from attention_core.models._inputs import check_sequence_input, check_state_tensors
 
 __all__ = ["IndexedAttention", "IndexedAttentionOutput", "IndexedCache", "LightningIndexer", "allowed_keys",
-           "pack_heads", "topk_within", "unpack_heads"]
+           "pack_heads", "unpack_heads"]
 
 
 def _lightning_scores(m: nn.Module, x: torch.Tensor, index_key: torch.Tensor) -> torch.Tensor:
