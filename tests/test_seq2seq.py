@@ -154,3 +154,18 @@ def test_attention_scores_are_the_logits_of_the_weights(name: str) -> None:
     torch.testing.assert_close(masked_softmax(scores, real[:, None, :]), weights)
     with pytest.raises(ValueError, match="model must have a Bahdanau or Luong decoder, got PlainDecoder"):
         alignment_scores(tiny("plain"), b.src, b.src_valid_lens, b.tgt_in)
+
+
+@pytest.mark.parametrize("make, exc, words", [
+    (lambda: Encoder(-3, 8, 8), ValueError, r"vocab_size must be an int >= 1, got -3"),
+    (lambda: Encoder(10, 0, 8), ValueError, r"embed_dim must be an int >= 1, got 0"),
+    (lambda: Encoder(10, 8, 8.0), TypeError, r"hidden_dim must be an int >= 1, got float 8.0"),
+    (lambda: Encoder(10, 8, 8, bidirectional=1), TypeError, r"bidirectional must be a bool, got int 1"),
+    (lambda: PlainDecoder(10, 8, -8, 16), ValueError, r"hidden_dim must be an int >= 1, got -8"),
+    (lambda: BahdanauDecoder(10, 8, 8, 16, attn_dim=0), ValueError, r"attn_dim must be an int >= 1, got 0"),
+    (lambda: LuongDecoder(10, 8, 8, -16), ValueError, r"enc_dim must be an int >= 1, got -16"),
+    (lambda: LuongDecoder(10, 8, 8, 16, input_feeding="yes"), TypeError, r"input_feeding must be a bool"),
+])
+def test_rnn_constructors_refuse_bad_sizes_by_name(make, exc, words) -> None:
+    with pytest.raises(exc, match=words):
+        make()
