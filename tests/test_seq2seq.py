@@ -169,3 +169,30 @@ def test_attention_scores_are_the_logits_of_the_weights(name: str) -> None:
 def test_rnn_constructors_refuse_bad_sizes_by_name(make, exc, words) -> None:
     with pytest.raises(exc, match=words):
         make()
+
+
+def _m(name: str):
+    import importlib
+    return importlib.import_module("attention_core." + name)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: Seq2Seq("bad", PlainDecoder(10, 4, 4, 8)), TypeError, r"encoder must be an Encoder, got str"),
+    (lambda: Seq2Seq(Encoder(10, 4, 4), "bad"), TypeError,
+     r"decoder must be a PlainDecoder, BahdanauDecoder or LuongDecoder, got str"),
+    (lambda: _m("translation.rnn").alignment_scores("bad", None, None, None), TypeError,
+     r"model must be a Seq2Seq, got str"),
+    (lambda: count_parameters([1]), TypeError, r"model must be an nn.Module, got list"),
+    (lambda: evaluate("bad", []), TypeError, r"model must be a translation model \(an nn.Module\), got str"),
+    (lambda: _m("translation.metrics").evaluate_by_bucket(-3, []), TypeError, r"model must be a translation model"),
+    (lambda: _m("translation.train").sequence_loss([[1.0]], torch.zeros(1, 1, dtype=torch.long)), TypeError,
+     r"logits must be a torch.Tensor, got list"),
+    (lambda: _m("translation.train").sequence_loss(torch.zeros(1, 1, 3), [[0]]), TypeError,
+     r"tgt_out must be a torch.Tensor, got list"),
+    (lambda: _m("translation.sweep").run_one("bad", 1e-3, 0), ValueError, r"name must be one of \["),
+    (lambda: _m("translation.studies").study_main("bad", "d", "out.json", {}), TypeError,
+     r"argv must be None or a list of str, got 'bad'"),
+])
+def test_translation_helpers_refuse_bad_arguments_by_name(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attention_core._checks import check_bool_flag, check_int, check_positive_int, fmt_shape
+from attention_core._checks import check_bool_flag, check_instance, check_int, check_positive_int, fmt_shape
 from attention_core.masks import padding_mask
 from attention_core.models.rnn_attention import AdditiveAttention, LuongAttention
 from attention_core.training.modes import eval_mode
@@ -229,6 +229,8 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, encoder: Encoder, decoder: nn.Module, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
+        check_instance(encoder, Encoder, "encoder", "an Encoder")
+        check_instance(decoder, _GRUDecoder, "decoder", "a PlainDecoder, BahdanauDecoder or LuongDecoder")
         if encoder.output_dim != decoder.enc_dim:
             raise ValueError(f"encoder output size {encoder.output_dim} differs from the decoder's "
                              f"enc_dim={decoder.enc_dim}")
@@ -325,6 +327,7 @@ def alignment_scores(model: Seq2Seq, src: torch.Tensor, src_valid_lens: torch.Te
     :class:`BahdanauDecoder`, the current ``h_t`` for :class:`LuongDecoder`. Padding positions get scores too
     (the masks are applied later); ignore them. With ``return_queries`` also return the queries, (B, T, Dq).
     """
+    check_instance(model, Seq2Seq, "model", "a Seq2Seq")
     if not model.has_attention or not isinstance(model.decoder, (BahdanauDecoder, LuongDecoder)):
         raise ValueError(f"model must have a Bahdanau or Luong decoder, got {type(model.decoder).__name__}")
     enc = model.encode(src, src_valid_lens)
@@ -379,4 +382,5 @@ def build_rnn_model(config: Dict[str, Any]) -> Seq2Seq:
 
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters."""
+    check_instance(model, nn.Module, "model", "an nn.Module")
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
