@@ -135,6 +135,14 @@ def check_scale(scale: object, name: str = "scale", *, positive: bool = True) ->
     return value
 
 
+def check_instance(x: object, kinds: type | tuple, name: str, what: str) -> object:
+    """Return ``x`` if it is an instance of ``kinds``, else raise ``TypeError``: ``"{name} must be {what}, got
+    {type}"``. For helpers that take an object a checked call made (a model, a batch, a trace)."""
+    if not isinstance(x, kinds):
+        raise TypeError(f"{name} must be {what}, got {type(x).__name__} {short_repr(x)}")
+    return x
+
+
 def check_bool_flag(x: object, name: str) -> bool:
     """Raise ``TypeError`` unless ``x`` is a Python bool."""
     if not isinstance(x, bool):

@@ -18,6 +18,8 @@ selected set ``S_t`` only once attention is sparse (eq. (4)).
   keys ``s <= offset + t``, the ``k`` of largest score; a query with at most ``k`` candidates keeps them all. The
   candidates are the main attention's causal set: the query's own token is one, neither forced nor excluded (eq.
   (1) speaks of "a preceding token" and singles out no position; we read it as the causal mask, ``s <= t``);
+- :func:`topk_within`: the same selection among any bool (..., L, S) set of allowed keys (the models' sliding
+  windows and caches), ties to the most recent key;
 - :func:`selection_mask_mod`: the same mask as a ``mask_mod`` for :func:`attention_core.flex_attention`;
 - :func:`indexer_kl_loss`: eqs. (3) and (4), with the set of keys as a mask.
 
@@ -134,7 +136,22 @@ def topk_within(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Te
     """Each query's ``k`` keys of largest score among its ``allowed`` ones (all of them when it has at most
     ``k``): scores (..., L, S), allowed (..., L, S) bool -> (..., L, S) bool (True = attend). The selection passes no
     gradient. Ties (frequent: a key whose ReLU terms are all 0 scores exactly 0) go to the most recent key, by a
-    stable sort, so that a query selects the same keys whether it comes alone (decoding) or with others."""
+    stable sort, so that a query selects the same keys whether it comes alone (decoding) or with others.
+
+    Args:
+        scores: (..., L, S) floating (a NaN counts as the largest score, as in ``torch.sort``).
+        allowed: (..., L, S) bool, the same shape and device as ``scores``; True = the query may read the key.
+        k: keys per query, >= 1.
+    """
+    _check_scores(scores)
+    check_tensor(allowed, "allowed")
+    if allowed.dtype != torch.bool:
+        raise TypeError(f"allowed must be a bool tensor, got {allowed.dtype}")
+    if allowed.shape != scores.shape:
+        raise ValueError(f"allowed must have the shape of scores {fmt_shape(scores.shape)}, got "
+                         f"{fmt_shape(allowed.shape)}")
+    check_same_device(scores=scores, allowed=allowed)
+    k = check_positive_int(k, "k")
     S = scores.shape[-1]
     if S == 0:
         return allowed.clone()

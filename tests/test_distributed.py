@@ -424,3 +424,19 @@ def test_a_rank_outside_the_world_is_refused_by_name(layout) -> None:
         positions(8, 0, 0, layout)
     with pytest.raises(ValueError, match="L must be an int >= 0"):
         positions(-1, 2, 0, layout)
+
+
+def _m(name: str):
+    import importlib
+    return importlib.import_module("attention_core." + name)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: _m("distributed.checks").make_inputs("bad"), TypeError, r"case must be a dict, got str"),
+    (lambda: _m("distributed.checks").peak_memory(0, 1, [1]), TypeError, r"case must be a dict, got list"),
+    (lambda: _m("distributed.checks").forward_block_buffers(0, 1, -3), TypeError, r"case must be a dict, got int"),
+    (lambda: _m("distributed.checks").compare_with_sdpa(0, 1, "bad"), TypeError, r"cases must be a list of dicts"),
+])
+def test_distributed_check_helpers_refuse_bad_arguments_by_name(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()

@@ -508,3 +508,25 @@ def test_the_intervention_helpers_check_their_arguments():
         permute_weights()(torch.rand(2, 3), torch.ones(2, 3))
     with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
         permute_weights(3)
+
+
+def _m(name: str):
+    import importlib
+    return importlib.import_module("attention_core." + name)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: _m("explain.attribution").residual_attention([[1.0]]), TypeError,
+     r"attention must be a torch.Tensor, got list"),
+    (lambda: _m("explain.attribution").leave_one_out("bad", torch.ones(1, 2, dtype=torch.bool)), TypeError,
+     r"score must be a callable, got str"),
+    (lambda: _m("explain.attribution").leave_one_out(lambda m: m.sum(-1), [[True]]), TypeError,
+     r"attention_mask must be a torch.Tensor, got list"),
+    (lambda: _m("sentences.data").collate("bad"), TypeError, r"examples must be a sequence of Example, got 'bad'"),
+    (lambda: _m("sentences.train").accuracy("bad", None), TypeError, r"model must be an AttentionClassifier, got str"),
+    (lambda: _m("sentences.train").accuracy(torch.nn.Linear(1, 1), [1]), TypeError,
+     r"batch must be a SentenceBatch, got list"),
+])
+def test_explain_and_sentences_helpers_refuse_bad_arguments_by_name(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()

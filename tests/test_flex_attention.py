@@ -110,7 +110,8 @@ def _bf16_captured_grad_bound(mod_name, score_name, q, k, v) -> torch.Tensor:
       (chunks are then added in float32), an error of about u * sqrt(m) * sum |x| (Higham and Mary's
       probabilistic bound for recursive summation), with m = the visible pairs of the bucket, counted from the
       mask; a slope's terms are summed by a broadcast's backward, which accumulates in float32: m = 1.
-    Bound: u * (sum y + sqrt(m) * sum |x|), computed in float64 from the dense weights of the test's inputs.
+    Tolerance: u * (sum y + sqrt(m) * sum |x|), a first-order estimate plus a probabilistic bound (its constant
+    lambda = 1), not a strict bound; computed in float64 from the dense weights of the test's inputs.
     """
     vis = _visible(mod_name)
     sm, _ = _score_mods(torch.float64, values_in=torch.bfloat16)[score_name]

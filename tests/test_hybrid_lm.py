@@ -162,3 +162,16 @@ def test_the_recorded_seed_study_is_of_the_shipped_recipes():
     assert sorted(record["recipes"]) == sorted(hy.HYBRID_RECIPES)
     assert len(record["seeds"]) >= 5 and 0 not in record["seeds"]  # seed 0 is the shipped checkpoints'
     assert all(1.5 < v < 3.0 for losses in record["val_loss"].values() for v in losses)
+
+
+@pytest.mark.parametrize("args, exc, words", [
+    ((-4, 2, "softmax", 4), ValueError, r"d_model must be an int >= 1, got -4"),
+    ((8, 0, "softmax", 4), ValueError, r"num_heads must be an int >= 1, got 0"),
+    ((8, 2, "window", 2.5), TypeError, r"window must be an int >= 1, got float 2.5"),
+    ((8, 3, "softmax", 4), ValueError, r"d_model \(8\) must be divisible by num_heads \(3\)"),
+    ((8, 2, "nope", 4), ValueError, r"kind must be one of \('softmax', 'window', 'linear'\), got 'nope'"),
+])
+def test_mixer_block_refuses_bad_sizes_and_kinds_by_name(args, exc, words):
+    from attention_core.models.hybrid_lm import MixerBlock
+    with pytest.raises(exc, match=words):
+        MixerBlock(*args)

@@ -225,12 +225,27 @@ def test_a_dense_warm_up_teaches_the_indexer_the_attention():
 # ------------------------------------------------------------------------------------------------- errors
 
 
+_ALL = torch.ones(3, 4, dtype=torch.bool)
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda: ix.causal_topk_mask(torch.randn(3, 3), 0), ValueError, r"k must be an int >= 1, got 0"),
     (lambda: ix.causal_topk_mask(torch.randn(3, 3), 2.0), TypeError, r"k must be an int"),
     (lambda: ix.causal_topk_mask(torch.randn(3), 2), ValueError, r"scores must be \(\.\.\., L, S\)"),
     (lambda: ix.causal_topk_mask(torch.randn(3, 4), 2, offset=2), ValueError, r"offset \+ L must be <= S"),
     (lambda: ix.causal_topk_mask(torch.ones(3, 3, dtype=torch.long), 2), TypeError, r"scores must have a floating"),
+    (lambda: ix.topk_within([[0.0] * 4] * 3, _ALL, 2), TypeError, r"scores must be a torch.Tensor, got list"),
+    (lambda: ix.topk_within(torch.zeros(3, 4, dtype=torch.long), _ALL, 2), TypeError,
+     r"scores must have a floating-point dtype, got torch.int64"),
+    (lambda: ix.topk_within(torch.tensor(1.0), torch.tensor(True), 2), ValueError,
+     r"scores must be \(\.\.\., L, S\), got shape \(\)"),
+    (lambda: ix.topk_within(torch.zeros(3, 4), _ALL.float(), 2), TypeError,
+     r"allowed must be a bool tensor, got torch.float32"),
+    (lambda: ix.topk_within(torch.zeros(3, 4), _ALL[:, :3], 2), ValueError,
+     r"allowed must have the shape of scores \(3, 4\), got \(3, 3\)"),
+    (lambda: ix.topk_within(torch.zeros(3, 4), _ALL, 0), ValueError, r"k must be an int >= 1, got 0"),
+    (lambda: ix.topk_within(torch.zeros(3, 4), _ALL, -1), ValueError, r"k must be an int >= 1, got -1"),
+    (lambda: ix.topk_within(torch.zeros(3, 4), _ALL, 2.5), TypeError, r"k must be an int >= 1, got float 2.5"),
     (lambda: ix.indexer_scores(torch.randn(2, 3, 4), torch.randn(5, 3), torch.randn(2, 3)), ValueError,
      r"query must be \(\.\.\., H_I, L, d_I\) and key \(\.\.\., S, d_I\)"),
     (lambda: ix.indexer_scores(torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(3, 2)), ValueError,

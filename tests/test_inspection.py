@@ -122,3 +122,30 @@ def test_value_contributions_rebuild_the_attention_output(tiny: BertEncoder) -> 
     torch.testing.assert_close(rebuilt, out, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=r"x must be \(B, L, D\) with D = 16"):
         value_contributions(mha, torch.randn(2, 5, 8))
+
+
+def _m(name: str):
+    import importlib
+    return importlib.import_module("attention_core." + name)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: _m("models.bert").BertEmbeddings({"hidden_size": 8}), TypeError, r"config must be a BertConfig, got dict"),
+    (lambda: _m("models.bert").BertEncoder("bad"), TypeError, r"config must be a BertConfig, got str"),
+    (lambda: _m("models.bert").convert_bert_state_dict([1]), TypeError, r"checkpoint must be a mapping"),
+    (lambda: _m("models.bert").mean_pool(torch.zeros(1, 2, 4), [[1, 1]]), TypeError,
+     r"attention_mask must be a torch.Tensor, got list"),
+    (lambda: _m("models.bert").mean_pool(torch.zeros(1, 2, 4), torch.ones(1, 3)), ValueError,
+     r"hidden must be \(B, L, D\) and attention_mask \(B, L\), got hidden \(1, 2, 4\) and attention_mask \(1, 3\)"),
+    (lambda: _m("pretrained.inspection").value_contributions("bad", torch.zeros(1, 2, 4)), TypeError,
+     r"attention must be a MultiHeadAttention, got str"),
+    (lambda: _m("pretrained.minilm").max_abs_errors([torch.zeros(1)], [torch.zeros(1)], [[1]]), TypeError,
+     r"attention_mask must be a torch.Tensor, got list"),
+    (lambda: _m("pretrained.minilm").max_abs_errors(torch.zeros(1), [torch.zeros(1)], torch.ones(1, 1)), TypeError,
+     r"ours must be a sequence of tensors"),
+    (lambda: _m("pretrained.minilm").library_outputs("bad", "a sentence"), TypeError,
+     r"model must be a SentenceTransformer, got str"),
+])
+def test_bert_and_inspection_helpers_refuse_bad_arguments_by_name(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()

@@ -432,3 +432,15 @@ def test_the_sampler_and_serving_share_one_logits_check() -> None:
     # the filters compare and never normalise: +inf and an all -inf row pass, NaN does not
     row = torch.tensor([[math.inf, 0.0], [-math.inf, -math.inf]])
     assert torch.equal(filter_top_k(row, 1), torch.tensor([[math.inf, -math.inf], [-math.inf, -math.inf]]))
+
+
+@pytest.mark.parametrize("args, exc, words", [
+    ((-4, 2, None, 16), ValueError, r"d_model must be an int >= 1, got -4"),
+    ((8, -2, None, 16), ValueError, r"num_heads must be an int >= 1, got -2"),
+    ((8, 2, None, 0), ValueError, r"dim_feedforward must be an int >= 1, got 0"),
+    ((8, 2, None, "16"), TypeError, r"dim_feedforward must be an int >= 1, got str"),
+])
+def test_decoder_block_refuses_bad_sizes_by_name(args, exc, words):
+    from attention_core.models.language_model import DecoderBlock
+    with pytest.raises(exc, match=words):
+        DecoderBlock(*args)

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from attention_core.flex_attention import create_block_mask
-from attention_core.indexer import indexer_kl_loss
+from attention_core.indexer import indexer_kl_loss, topk_within
 from attention_core.mask_mods import causal
 from attention_core.models.attention_variants import count_parameters
 from attention_core.models.gated_delta import GatedDeltaLayer
-from attention_core.models.indexed_attention import pack_heads, topk_within, unpack_heads
+from attention_core.models.indexed_attention import pack_heads, unpack_heads
 from attention_core.models.kv_cache import KVCache
 from attention_core.models.language_model import (
     DecoderLM,
@@ -474,3 +474,39 @@ def test_the_options_travel_in_the_config() -> None:
     assert {k: model.config[k] for k in options} == options
     again = build_language_model(model.config)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+def _m(name: str):
+    import importlib
+    return importlib.import_module("attention_core." + name)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: _m("models.indexed_attention").pack_heads(torch.zeros(1, 1, 2, 6), 0), ValueError,
+     r"head_dim must be an int >= 1, got 0"),
+    (lambda: _m("models.indexed_attention").pack_heads(torch.zeros(2, 6), 4), ValueError,
+     r"x must be \(B, N, L, d\), got shape \(2, 6\)"),
+    (lambda: _m("models.indexed_attention").pack_heads([[1.0]], 4), TypeError, r"x must be a torch.Tensor, got list"),
+    (lambda: _m("models.indexed_attention").unpack_heads(torch.zeros(1, 3, 2, 4), 2, 6), ValueError,
+     r"heads must be \(B, N m, L, E\) with N = 2 dividing dim 1, got shape \(1, 3, 2, 4\)"),
+    (lambda: _m("models.indexed_attention").unpack_heads(torch.zeros(1, 2, 2, 4), 0, 6), ValueError,
+     r"N must be an int >= 1, got 0"),
+    (lambda: _m("models.indexed_attention").allowed_keys("bad", False, 1, 2, 2, "cpu"), TypeError,
+     r"mask must be a torch.Tensor, got str"),
+    (lambda: _m("models.attention_variants").local_decode_mask(1, 2, 2, "bad"), TypeError,
+     r"cache must be a KVCache, got str"),
+    (lambda: _m("models.attention_variants").local_decode_mask(1, 2, -3, "bad"), ValueError,
+     r"local_window must be an int >= 1, got -3"),
+    (lambda: _m("models.kv_cache").rotate_at("bad", torch.zeros(1, 1, 2, 4), torch.arange(2)), TypeError,
+     r"rotary must be a RotaryEmbedding, got str"),
+    (lambda: _m("models.kv_cache").rotate_at(_m("positional").RotaryEmbedding(4, 8), torch.zeros(1, 1, 2, 4), [0, 1]),
+     TypeError, r"positions must be a torch.Tensor, got list"),
+    (lambda: _m("models.rnn_attention").gaussian_window([1.0], 4, 2), TypeError, r"center must be a torch.Tensor"),
+    (lambda: _m("models.rnn_attention").gaussian_window(torch.zeros(2), -4, 2), ValueError,
+     r"S must be an int >= 0, got -4"),
+    (lambda: _m("models.rnn_attention").gaussian_window(torch.zeros(2), 4, -2), ValueError,
+     r"window must be an int >= 0, got -2"),
+])
+def test_indexed_and_variant_helpers_refuse_bad_arguments_by_name(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()

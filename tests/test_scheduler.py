@@ -222,3 +222,22 @@ def test_traces_too_long_to_schedule_are_refused_before_any_step(fields) -> None
                      (serve, (_tiny_model(), [Request(*fields)], {0: torch.tensor([1])}, 1))):
         with pytest.raises(TooLargeError, match="steps"):
             within(20, fn, *args)
+
+
+def _m(name: str):
+    import importlib
+    return importlib.import_module("attention_core." + name)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: _m("serving.scheduler").step_bound("bad"), TypeError,
+     r"requests must be a list or tuple of Request, got 'bad'"),
+    (lambda: _m("serving.scheduler").check_steps([[1.0, 2.0]]), TypeError,
+     r"requests must be a list or tuple of Request"),
+    (lambda: _m("serving.scheduler").static_groups([1], 2), TypeError, r"requests must be a list or tuple of Request"),
+    (lambda: _m("serving.scheduler").static_groups([], 0), ValueError, r"max_batch must be an int >= 1, got 0"),
+    (lambda: _m("serving.scheduler").static_groups([], 2, "busy"), ValueError, r"start must be one of"),
+])
+def test_scheduler_helpers_refuse_bad_arguments_by_name(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()

@@ -154,3 +154,45 @@ def test_attention_scores_are_the_logits_of_the_weights(name: str) -> None:
     torch.testing.assert_close(masked_softmax(scores, real[:, None, :]), weights)
     with pytest.raises(ValueError, match="model must have a Bahdanau or Luong decoder, got PlainDecoder"):
         alignment_scores(tiny("plain"), b.src, b.src_valid_lens, b.tgt_in)
+
+
+@pytest.mark.parametrize("make, exc, words", [
+    (lambda: Encoder(-3, 8, 8), ValueError, r"vocab_size must be an int >= 1, got -3"),
+    (lambda: Encoder(10, 0, 8), ValueError, r"embed_dim must be an int >= 1, got 0"),
+    (lambda: Encoder(10, 8, 8.0), TypeError, r"hidden_dim must be an int >= 1, got float 8.0"),
+    (lambda: Encoder(10, 8, 8, bidirectional=1), TypeError, r"bidirectional must be a bool, got int 1"),
+    (lambda: PlainDecoder(10, 8, -8, 16), ValueError, r"hidden_dim must be an int >= 1, got -8"),
+    (lambda: BahdanauDecoder(10, 8, 8, 16, attn_dim=0), ValueError, r"attn_dim must be an int >= 1, got 0"),
+    (lambda: LuongDecoder(10, 8, 8, -16), ValueError, r"enc_dim must be an int >= 1, got -16"),
+    (lambda: LuongDecoder(10, 8, 8, 16, input_feeding="yes"), TypeError, r"input_feeding must be a bool"),
+])
+def test_rnn_constructors_refuse_bad_sizes_by_name(make, exc, words) -> None:
+    with pytest.raises(exc, match=words):
+        make()
+
+
+def _m(name: str):
+    import importlib
+    return importlib.import_module("attention_core." + name)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: Seq2Seq("bad", PlainDecoder(10, 4, 4, 8)), TypeError, r"encoder must be an Encoder, got str"),
+    (lambda: Seq2Seq(Encoder(10, 4, 4), "bad"), TypeError,
+     r"decoder must be a PlainDecoder, BahdanauDecoder or LuongDecoder, got str"),
+    (lambda: _m("translation.rnn").alignment_scores("bad", None, None, None), TypeError,
+     r"model must be a Seq2Seq, got str"),
+    (lambda: count_parameters([1]), TypeError, r"model must be an nn.Module, got list"),
+    (lambda: evaluate("bad", []), TypeError, r"model must be a translation model \(an nn.Module\), got str"),
+    (lambda: _m("translation.metrics").evaluate_by_bucket(-3, []), TypeError, r"model must be a translation model"),
+    (lambda: _m("translation.train").sequence_loss([[1.0]], torch.zeros(1, 1, dtype=torch.long)), TypeError,
+     r"logits must be a torch.Tensor, got list"),
+    (lambda: _m("translation.train").sequence_loss(torch.zeros(1, 1, 3), [[0]]), TypeError,
+     r"tgt_out must be a torch.Tensor, got list"),
+    (lambda: _m("translation.sweep").run_one("bad", 1e-3, 0), ValueError, r"name must be one of \["),
+    (lambda: _m("translation.studies").study_main("bad", "d", "out.json", {}), TypeError,
+     r"argv must be None or a list of str, got 'bad'"),
+])
+def test_translation_helpers_refuse_bad_arguments_by_name(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()

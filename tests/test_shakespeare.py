@@ -239,3 +239,32 @@ def test_baselines_refuse_ids_outside_the_vocabulary(fn):
         fn(torch.arange(5), torch.tensor([7, 1]), 5)
     with pytest.raises(ValueError, match=r"train must be ids in \[0, 5\)"):
         fn(torch.tensor([-1, 2]), torch.tensor([1, 1]), 5)
+
+
+def _m(name: str):
+    import importlib
+    return importlib.import_module("attention_core." + name)
+
+
+def _tiny_lm():
+    from attention_core.models.language_model import DecoderLM
+    torch.manual_seed(0)
+    return DecoderLM(5, d_model=8, num_layers=1, num_heads=2, context=8)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: _m("shakespeare.passages").passage_study("bad"), TypeError, r"corpus must be a Corpus, got str"),
+    (lambda: _m("shakespeare.train").probe_sequences("bad"), TypeError, r"vocab must be a CharVocab, got str"),
+    (lambda: _m("shakespeare.recent").attention_logits("bad", torch.zeros(1, 2, dtype=torch.long)), TypeError,
+     r"model must be a DecoderLM, got str"),
+    (lambda: _m("shakespeare.recent").attention_logits(_tiny_lm(), [[1, 2]]), TypeError,
+     r"x must be a torch.Tensor, got list"),
+    (lambda: _m("shakespeare.recent").attention_logits(_tiny_lm(), torch.zeros(3, dtype=torch.long)), ValueError,
+     r"x must be \(B, L\) token ids, got shape \(3,\)"),
+    (lambda: _m("shakespeare.recent").max_attention_logit(-3, None), TypeError, r"model must be a DecoderLM, got int"),
+    (lambda: _m("shakespeare.recent").measure(_tiny_lm(), "bad", 8), TypeError, r"corpus must be a Corpus, got str"),
+    (lambda: _m("shakespeare.recent").train_recent("bad", None), TypeError, r"recipe must be a RecentRecipe, got str"),
+])
+def test_shakespeare_helpers_refuse_bad_arguments_by_name(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()

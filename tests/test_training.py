@@ -349,3 +349,21 @@ def test_calls_that_switch_modes_give_every_flag_back(case: int) -> None:
         for h in handles:
             h.remove()
     assert [m.training for m in model.modules()] == modes, f"{name} changed the caller's modes on error"
+
+
+def _m(name: str):
+    import importlib
+    return importlib.import_module("attention_core." + name)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: _m("training.checkpoint").recipe_entry("bad", None, None, None), TypeError,
+     r"recipe must be a recipe \(a dataclass with a str name\), got 'bad'"),
+    (lambda: _m("training.checkpoint").save_recipe_checkpoint(None, None, [1], "unused"), TypeError,
+     r"recipe must be a recipe"),
+    (lambda: _m("training.checkpoint").load_or_train_recipe(-3, "unused", None, None), TypeError,
+     r"recipe must be a recipe"),
+])
+def test_training_recipe_helpers_refuse_bad_arguments_by_name(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()

@@ -194,3 +194,16 @@ def test_shipped_checkpoint_matches_its_manifest_and_the_recipe() -> None:
     assert isinstance(model, Seq2SeqTransformer)
     assert sum(p.numel() for p in model.parameters()) == entry["parameters"]
     assert len(entry["losses"]) * entry["loss_every"] == TRANSFORMER_RECIPE.steps
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    ({"src_vocab_size": -3}, ValueError, r"src_vocab_size must be an int >= 1, got -3"),
+    ({"tgt_vocab_size": 0}, ValueError, r"tgt_vocab_size must be an int >= 1, got 0"),
+    ({"d_model": 64.0}, TypeError, r"d_model must be an int >= 1, got float 64.0"),
+    ({"dim_feedforward": -1}, ValueError, r"dim_feedforward must be an int >= 1, got -1"),
+    ({"num_decoder_layers": -2}, ValueError, r"num_decoder_layers must be an int >= 0, got -2"),
+    ({"max_len": 0}, ValueError, r"max_len must be an int >= 1, got 0"),
+])
+def test_seq2seq_transformer_refuses_bad_sizes_by_name(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        Seq2SeqTransformer(**{"src_vocab_size": 10, "tgt_vocab_size": 10, **kwargs})

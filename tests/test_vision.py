@@ -476,3 +476,25 @@ def test_cell_swap_changes_names_the_cell_a_word_reads() -> None:
     assert (changes.diagonal() > 0.5).all()
     with pytest.raises(ValueError, match="multiple of cell_width=7"):
         cell_swap_changes(ReadsCell(CAP), images, torch.zeros(50, 3, dtype=torch.long), donors, 7)
+
+
+def _m(name: str):
+    import importlib
+    return importlib.import_module("attention_core." + name)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: _m("vision.analysis").position_similarity([[0.0, 1.0]]), TypeError,
+     r"pos must be a torch.Tensor, got list"),
+    (lambda: _m("vision.analysis").layout_gap("bad", (2, 2)), TypeError, r"pos must be a torch.Tensor, got str"),
+    (lambda: _m("vision.analysis").layout_gap_null(-3, (2, 2)), TypeError, r"pos must be a torch.Tensor, got int"),
+    (lambda: _m("vision.analysis").word_region_accuracy([[[1.0]]], torch.zeros(1), torch.zeros(1, 1)), TypeError,
+     r"cross must be a torch.Tensor, got list"),
+    (lambda: _m("vision.train").train_classifier("bad", torch.zeros(1), torch.zeros(1), 1, 1, 1e-3, 0, 0.0, 0),
+     TypeError, r"model must be a ViT or a CNN \(an nn.Module\), got str"),
+    (lambda: _m("vision.train").train_classifier(torch.nn.Linear(1, 1), [1.0], torch.zeros(1), 1, 1, 1e-3, 0, 0.0, 0),
+     TypeError, r"x must be a torch.Tensor, got list"),
+])
+def test_vision_helpers_refuse_bad_arguments_by_name(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()

@@ -7,6 +7,7 @@ from typing import Dict, List
 
 import torch
 
+from attention_core._checks import check_instance, short_repr
 from attention_core.distributed.layout import gather_shapes, shard, unshard
 from attention_core.distributed.ring import CommStats, ring_attention
 from attention_core.distributed.ulysses import ulysses_attention
@@ -19,6 +20,7 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 
 def make_inputs(case: Dict, device: str = "cpu"):
     """The whole sequence's q, k, v and an output gradient, the same on every rank (seeded)."""
+    check_instance(case, dict, "case", "a dict")
     g = torch.Generator().manual_seed(case.get("seed", 0))
     B, Hq, H, L = case.get("B", 1), case.get("Hq", 2), case.get("H", 2), case["L"]
     S, E, Ev = case.get("S", L), case.get("E", 8), case.get("Ev", case.get("E", 8))
@@ -53,6 +55,8 @@ def compare_in_subgroups(rank: int, world_size: int, plan: Dict[int, List[Dict]]
 def compare_with_sdpa(rank: int, world_size: int, cases: List[Dict], group=None) -> List[Dict]:
     """For each case: distributed attention vs single-process ``scaled_dot_product_attention`` on the whole
     sequence, forward and the gradients of q, k, v (relative max errors), and what this rank counted."""
+    if isinstance(cases, (str, bytes, dict)) or not all(isinstance(c, dict) for c in cases):
+        raise TypeError(f"cases must be a list of dicts, got {short_repr(cases)}")
     results = []
     for case in cases:
         if "error" in case:
@@ -173,6 +177,7 @@ def peak_memory(rank: int, world_size: int, case: Dict, group=None) -> Dict:
 
     ``case["block"]`` sets the ring's tiles (default: the chunked kernel's own), ``case["backend"]`` the kernel
     of Ulysses' local attention (default: the automatic choice)."""
+    check_instance(case, dict, "case", "a dict")
     from attention_core.distributed.measure import PeakTensorMemory
 
     q, k, v, do = make_inputs(case)
@@ -214,6 +219,7 @@ def forward_block_buffers(rank: int, world_size: int, case: Dict) -> int:
 
     Use shapes where nothing else has that size (``Hq == H`` and ``Ev == E``: a query-sized tensor is half a
     block) and equal shard lengths."""
+    check_instance(case, dict, "case", "a dict")
     from attention_core.distributed.measure import PeakTensorMemory
 
     class _Count(PeakTensorMemory):

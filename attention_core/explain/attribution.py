@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from attention_core._checks import fmt_shape
+from attention_core._checks import check_tensor, fmt_shape
 
 __all__ = [
     "attention_flow",
@@ -59,6 +59,7 @@ def residual_attention(attention: torch.Tensor, residual: Union[bool, float] = T
 
     ``True`` is ``r = 1/2``, ``(A + I) / 2`` (Abnar & Zuidema's choice); ``False`` or ``0`` leaves ``A`` unchanged.
     (..., L, L) in, the same shape out."""
+    check_tensor(attention, "attention")
     r = 0.5 if residual is True else 0.0 if residual is False else float(residual)
     if not 0.0 <= r <= 1.0:
         raise ValueError(f"residual must be a bool or a weight in [0, 1], got {residual!r}")
@@ -203,6 +204,9 @@ def leave_one_out(score: Callable[[torch.Tensor], torch.Tensor], attention_mask:
     Returns:
         (B, L) float64; 0 where a position was not left out.
     """
+    if not callable(score):
+        raise TypeError(f"score must be a callable, got {type(score).__name__}")
+    check_tensor(attention_mask, "attention_mask")
     mask = attention_mask.bool()
     todo = mask if positions is None else positions.bool() & mask
     with torch.no_grad():

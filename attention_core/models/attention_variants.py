@@ -66,15 +66,21 @@ import torch
 from torch import nn
 
 from attention_core import mask_mods
-from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape, short_repr
+from attention_core._checks import (
+    check_bool_flag,
+    check_instance,
+    check_positive_int,
+    check_tensor,
+    fmt_shape,
+    short_repr,
+)
 from attention_core.flex_attention import flex_attention
 from attention_core.functional import attention
-from attention_core.indexer import indexer_kl_loss
+from attention_core.indexer import indexer_kl_loss, topk_within
 from attention_core.models.indexed_attention import (
     LightningIndexer,
     allowed_keys,
     pack_heads,
-    topk_within,
     unpack_heads,
 )
 from attention_core.models.kv_cache import KVCache, decode_mask, decode_mask_mod, rotate_at
@@ -224,6 +230,8 @@ def local_decode_mask(L: int, S: int, local_window: int, cache: KVCache, pad: Op
     the text), and, in a StreamingLLM cache (``cache.sinks``), a sink slot ``j`` (text index ``j``) only while the
     query's text index is less than ``j + local_window``. So a cache that evicts nothing computes the model.
     """
+    check_positive_int(local_window, "local_window")
+    check_instance(cache, KVCache, "cache", "a KVCache")
     w = local_window if cache.window is None else min(local_window, cache.window)
     if not cache.sinks:
         return decode_mask(L, S, w, 0, pad, device=device)

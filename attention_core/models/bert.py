@@ -18,12 +18,12 @@ import os
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
-from attention_core._checks import check_tensor, fmt_shape
+from attention_core._checks import check_instance, check_tensor, fmt_shape
 from attention_core.models.transformer import TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
@@ -101,6 +101,7 @@ class BertEmbeddings(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
+        check_instance(config, BertConfig, "config", "a BertConfig")
         D = config.hidden_size
         self.word_embeddings = nn.Embedding(config.vocab_size, D, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, D)
@@ -125,6 +126,7 @@ class BertEncoder(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
+        check_instance(config, BertConfig, "config", "a BertConfig")
         self.config = config
         self.embeddings = BertEmbeddings(config)
 
@@ -239,6 +241,11 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
 
     This is ``sentence-transformers``' mean pooling; MiniLM's sentence embedding is its L2 normalisation.
     """
+    check_tensor(hidden, "hidden")
+    check_tensor(attention_mask, "attention_mask")
+    if hidden.dim() != 3 or attention_mask.shape != hidden.shape[:2]:
+        raise ValueError(f"hidden must be (B, L, D) and attention_mask (B, L), got hidden {fmt_shape(hidden.shape)} "
+                         f"and attention_mask {fmt_shape(attention_mask.shape)}")
     m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, L) -> (B, L, 1)
     return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)  # (B, D)
 
@@ -278,6 +285,7 @@ def convert_bert_state_dict(checkpoint: Dict[str, torch.Tensor]) -> Dict[str, to
         ValueError: a tensor name this model has no place for, or a ``position_ids`` buffer that is not
             ``0, 1, ..., n-1``.
     """
+    check_instance(checkpoint, Mapping, "checkpoint", "a mapping of names to tensors")
     out: Dict[str, torch.Tensor] = {}
     for name, tensor in checkpoint.items():
         if name == "embeddings.position_ids":

@@ -35,6 +35,12 @@ class MixerBlock(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, kind: str, window: int) -> None:
         super().__init__()
+        for name, size in (("d_model", d_model), ("num_heads", num_heads), ("window", window)):
+            check_positive_int(size, name)
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.kind, self.num_heads, self.window = kind, num_heads, window
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)

@@ -41,13 +41,13 @@ from typing import Iterator, Optional
 import torch
 import torch.nn as nn
 
-from attention_core._checks import check_bool_flag, check_positive_int
+from attention_core._checks import check_bool_flag, check_positive_int, check_tensor, fmt_shape
 from attention_core.functional import attention
-from attention_core.indexer import causal_allowed, causal_topk_mask, indexer_kl_loss, indexer_scores, topk_within
+from attention_core.indexer import causal_allowed, causal_topk_mask, indexer_kl_loss, indexer_scores
 from attention_core.models._inputs import check_sequence_input, check_state_tensors
 
 __all__ = ["IndexedAttention", "IndexedAttentionOutput", "IndexedCache", "LightningIndexer", "allowed_keys",
-           "pack_heads", "topk_within", "unpack_heads"]
+           "pack_heads", "unpack_heads"]
 
 
 def _lightning_scores(m: nn.Module, x: torch.Tensor, index_key: torch.Tensor) -> torch.Tensor:
@@ -94,6 +94,8 @@ def allowed_keys(mask: Optional[torch.Tensor], is_causal: bool, B: int, L: int, 
                  device: torch.device) -> torch.Tensor:
     """The keys each query may read, (B, L, S) bool, from an attention call's bool ``mask`` ((L, S) or
     (B, 1, L, S), True = attend) or its ``is_causal`` flag (SDPA's upper-left), or every key when neither."""
+    if mask is not None:
+        check_tensor(mask, "mask")
     if mask is None:
         allowed = causal_allowed(L, S, 0, device) if is_causal else torch.ones(L, S, dtype=torch.bool, device=device)
         return allowed.expand(B, L, S)
@@ -106,6 +108,10 @@ def pack_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     """Vectors (B, N, L, d) as ``m = ceil(d / E)`` heads of width E each, zero-padded: (B, N m, L, E). The
     indexer's keys travel so in a :class:`~attention_core.models.kv_cache.KVCache` entry beside the layer's keys,
     and its queries and keys are rotated so by the model's rotary table (RoPE block by block)."""
+    check_tensor(x, "x")
+    check_positive_int(head_dim, "head_dim")
+    if x.dim() != 4:
+        raise ValueError(f"x must be (B, N, L, d), got shape {fmt_shape(x.shape)}")
     B, N, L, d = x.shape
     m = -(-d // head_dim)
     padded = torch.nn.functional.pad(x, (0, m * head_dim - d))  # (B, N, L, m E)
@@ -114,6 +120,12 @@ def pack_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 def unpack_heads(heads: torch.Tensor, N: int, d: int) -> torch.Tensor:
     """The inverse of :func:`pack_heads`: (B, N m, L, E) -> (B, N, L, d)."""
+    check_tensor(heads, "heads")
+    check_positive_int(N, "N")
+    check_positive_int(d, "d", allow_zero=True)
+    if heads.dim() != 4 or heads.shape[1] % N:
+        raise ValueError(f"heads must be (B, N m, L, E) with N = {N} dividing dim 1, got shape "
+                         f"{fmt_shape(heads.shape)}")
     B, Nm, L, E = heads.shape
     m = Nm // N
     return heads.view(B, N, m, L, E).transpose(2, 3).reshape(B, N, L, m * E)[..., :d]  # -> (B, N, L, d)

@@ -42,7 +42,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from attention_core import mask_mods
-from attention_core._checks import check_positive_int
+from attention_core._checks import check_instance, check_positive_int, check_tensor
 from attention_core.positional import RotaryEmbedding, _rotate, rotary_angles
 
 __all__ = ["CacheSnapshot", "KVCache", "cached_causal_mask", "decode_mask", "decode_mask_mod", "left_padding",
@@ -142,6 +142,9 @@ def rotate_at(rotary: RotaryEmbedding, x: torch.Tensor, positions: torch.Tensor)
     the angles are computed in float64 as the table was (a window-only cache's text may outgrow the table: its
     offsets stay below the window).
     """
+    check_instance(rotary, RotaryEmbedding, "rotary", "a RotaryEmbedding")
+    check_tensor(x, "x")
+    check_tensor(positions, "positions")
     flat = positions.reshape(-1)
     if flat.numel() and int(flat.max()) >= rotary.max_len:
         cos, sin = rotary_angles(flat, rotary.head_dim, rotary.base)  # (N, E/2) float64

@@ -222,6 +222,8 @@ class DecoderBlock(nn.Module):
                  latent: Optional[Tuple[int, int]] = None, options: Optional[AttentionOptions] = None,
                  layer: int = 0) -> None:
         super().__init__()
+        for name, size in (("d_model", d_model), ("num_heads", num_heads), ("dim_feedforward", dim_feedforward)):
+            check_positive_int(size, name)
         self.norm1 = nn.LayerNorm(d_model)
         if options is not None and layer_kind(options.layer_pattern, layer) == "D":
             self.attn: nn.Module = GatedDeltaLayer(d_model, check_positive_int(num_heads, "num_heads"))

@@ -147,6 +147,9 @@ def gaussian_window(center: torch.Tensor, S: int, window: int) -> torch.Tensor:
 
     ``window = 0`` gives 1 where ``s == p`` exactly and 0 elsewhere (the limit of the bump).
     """
+    check_tensor(center, "center")
+    check_int(S, "S", low=0)
+    check_int(window, "window", low=0)
     s = torch.arange(S, device=center.device, dtype=center.dtype)  # (S,)
     sigma = max(window / 2.0, 1e-6)
     return torch.exp(-((s - center[..., None]) ** 2) / (2.0 * sigma**2))  # (..., 1) - (S,) -> (..., S)

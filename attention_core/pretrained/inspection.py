@@ -19,7 +19,7 @@ from typing import Callable, Sequence, Tuple
 
 import torch
 
-from attention_core._checks import check_tensor, fmt_shape
+from attention_core._checks import check_instance, check_tensor, fmt_shape
 from attention_core.functional import weights_entropy
 from attention_core.models.bert import BertEncoder, BertOutput
 from attention_core.multihead import MultiHeadAttention
@@ -91,6 +91,7 @@ def value_contributions(attention: MultiHeadAttention, x: torch.Tensor) -> torch
     Returns:
         (B, H, L, D) vectors, without gradient.
     """
+    check_instance(attention, MultiHeadAttention, "attention", "a MultiHeadAttention")
     if attention.num_kv_heads != attention.num_heads:
         raise ValueError("attention must have num_kv_heads == num_heads (no grouped-query attention here)")
     check_tensor(x, "x")

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_core._checks import check_int, check_tensor, fmt_shape
+from attention_core._checks import check_instance, check_int, check_tensor, fmt_shape, short_repr
 from attention_core.models.bert import (
     BertConfig,
     BertEncoder,
@@ -289,6 +289,7 @@ def library_outputs(model: Any, sentences: Union[str, Sequence[str]]) -> Library
         sentences: non-empty strings (a str is a batch of one); cut at the model's ``max_seq_length``
             (256 tokens) as ``SentenceTransformer.encode`` does.
     """
+    check_instance(model, nn.Module, "model", "a SentenceTransformer")
     sentences = _check_sentences(sentences)
     bert = model[0].auto_model
     batch = model.tokenizer(
@@ -325,6 +326,10 @@ def max_abs_errors(
     Returns:
         One float per pair.
     """
+    check_tensor(attention_mask, "attention_mask")
+    for name, seq in (("ours", ours), ("reference", reference)):
+        if isinstance(seq, torch.Tensor) or not all(isinstance(t, torch.Tensor) for t in seq):
+            raise TypeError(f"{name} must be a sequence of tensors, got {short_repr(seq)}")
     if len(ours) != len(reference):
         raise ValueError(f"ours and reference must hold as many tensors, got {len(ours)} and {len(reference)}")
     mask = attention_mask.bool()

@@ -17,6 +17,8 @@ from typing import Dict, Iterator, List, Sequence
 
 import torch
 
+from attention_core._checks import short_repr
+
 __all__ = [
     "FILLERS",
     "NEGATIVE",
@@ -86,6 +88,8 @@ def test_set(n: int = 1000, seed: int = TEST_SEED) -> List[Example]:
 
 def collate(examples: Sequence[Example]) -> SentenceBatch:
     """Pad a list of examples into a :class:`SentenceBatch`."""
+    if isinstance(examples, (str, bytes)) or not all(isinstance(e, Example) for e in examples):
+        raise TypeError(f"examples must be a sequence of Example, got {short_repr(examples)}")
     if not examples:
         raise ValueError("examples is empty")
     S = max(len(e.words) for e in examples)

@@ -20,7 +20,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from attention_core._checks import check_instance
 from attention_core.models.classifier import AttentionClassifier, build_classifier
 from attention_core.sentences.data import VOCAB, SentenceBatch, collate, stream
 from attention_core.training.checkpoint import TrainLog, load_or_train_recipe
@@ -81,6 +83,8 @@ def _loss(model: AttentionClassifier, batch: SentenceBatch) -> torch.Tensor:
 @torch.no_grad()
 def accuracy(model: AttentionClassifier, batch: SentenceBatch) -> float:
     """Share of ``batch`` classified correctly."""
+    check_instance(model, nn.Module, "model", "an AttentionClassifier")
+    check_instance(batch, SentenceBatch, "batch", "a SentenceBatch")
     return (model(batch.ids, batch.valid_lens).logits.argmax(-1) == batch.labels).double().mean().item()
 
 

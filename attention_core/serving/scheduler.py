@@ -110,8 +110,16 @@ def check_steps(requests: Sequence[Request]) -> int:
 _BYTES_PER_STEP = 64
 
 
+def _check_requests(requests: object) -> None:
+    """``TypeError`` unless ``requests`` is a list or tuple of :class:`Request` (a trace's kind only: its values
+    are checked by the schedules)."""
+    if not isinstance(requests, (list, tuple)) or not all(isinstance(r, Request) for r in requests):
+        raise TypeError(f"requests must be a list or tuple of Request, got {short_repr(requests)}")
+
+
 def step_bound(requests: Sequence[Request]) -> int:
     """Steps that always suffice: wait for the last arrival, then run every request alone, one after another."""
+    _check_requests(requests)
     return max((r.arrival for r in requests), default=0) + sum(r.output_len for r in requests) + len(requests) + 1
 
 
@@ -128,6 +136,9 @@ def check_start(start: object) -> str:
 def static_groups(requests: Sequence[Request], max_batch: int, start: str = "idle") -> List[tuple]:
     """``[(begin, group), ...]``: the groups static batching runs, in order, and the step each starts at (on a
     checked trace; see :func:`static_batching`)."""
+    _check_requests(requests)
+    check_int(max_batch, "max_batch", low=1)
+    check_start(start)
     order = sorted(requests, key=lambda r: (r.arrival, r.rid))
     groups, clock, i = [], 0, 0
     while i < len(order):

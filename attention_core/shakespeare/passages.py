@@ -25,6 +25,7 @@ from typing import Any, Dict, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from attention_core._checks import check_instance
 from attention_core.models.long_context import forward_clamped_offsets, recent_and_spread_mask
 from attention_core.shakespeare.data import Corpus, load_corpus
 from attention_core.shakespeare.heads import first_token_weight
@@ -53,6 +54,7 @@ def passage_study(corpus: Corpus, starts: Sequence[int] = STARTS, length: int = 
                   directory: PathLike = CHECKPOINT_DIR) -> Dict[str, Any]:
     """The record described in the module's docstring: ``{"starts", "length", "main": [...], "sink": [...]}``,
     one row per passage in each list."""
+    check_instance(corpus, Corpus, "corpus", "a Corpus")
     model, _ = load_or_train_language_model(directory)
     sink_model, _ = load_or_train_language_model(directory, recipe=SINK_RECIPE)
     control, _ = load_or_train_language_model(directory, recipe=INDUCTION_CURRICULUM)

@@ -63,6 +63,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
+from attention_core._checks import check_instance, check_tensor, fmt_shape
 from attention_core.models.gated_delta import GatedDeltaLayer
 from attention_core.models.language_model import (
     DecoderLM,
@@ -179,6 +180,8 @@ def train_recent(recipe: RecentRecipe, corpus: Corpus, show_progress: bool = Fal
 
     The loss is the next-character cross-entropy, plus, with an indexer, its KL loss (which reaches the indexer
     only: its input and its target are detached)."""
+    check_instance(recipe, RecentRecipe, "recipe", "a RecentRecipe")
+    check_instance(corpus, Corpus, "corpus", "a Corpus")
     V = len(corpus.vocab)
     model = build_language_model(recipe.config(V))
     g = torch.Generator().manual_seed(recipe.data_seed)
@@ -218,6 +221,10 @@ def attention_logits(model: DecoderLM, x: torch.Tensor) -> List[Optional[torch.T
     """Every layer's scaled attention logits ``q . k / sqrt(E)`` on x (B, L), (B, Hq, L, L) with ``-inf`` where the
     layer may not look (causal; a local layer's window), recomputed from its weights (queries and keys after
     QK-norm and RoPE); ``None`` for gated delta layers and for layers that read another layer's keys."""
+    check_instance(model, DecoderLM, "model", "a DecoderLM")
+    check_tensor(x, "x")
+    if x.dim() != 2:
+        raise ValueError(f"x must be (B, L) token ids, got shape {fmt_shape(x.shape)}")
     B, L = x.shape
     h, found = model.embed(x), []
     plan = model._plan(L, None, None, None, None, x.device)
@@ -245,6 +252,7 @@ def attention_logits(model: DecoderLM, x: torch.Tensor) -> List[Optional[torch.T
 
 def max_attention_logit(model: DecoderLM, x: torch.Tensor) -> float:
     """The largest of :func:`attention_logits` over layers, heads and allowed pairs."""
+    check_instance(model, DecoderLM, "model", "a DecoderLM")
     return max(float(t.max()) for t in attention_logits(model, x) if t is not None)
 
 
@@ -273,6 +281,8 @@ def _decode_seconds_per_token(model: DecoderLM, V: int, tokens: int, rounds: int
 def measure(model: DecoderLM, corpus: Corpus, context: int, val_blocks: int = VAL_BLOCKS,
             decode_tokens: int = 64) -> Dict[str, float]:
     """Every measure of the comparison for one trained model (see the module's docstring)."""
+    check_instance(model, DecoderLM, "model", "a DecoderLM")
+    check_instance(corpus, Corpus, "corpus", "a Corpus")
     V = len(corpus.vocab)
     with eval_mode(model):
         x, y = _val_blocks(corpus, context, val_blocks)

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
+from attention_core._checks import check_instance
 from attention_core.models.language_model import DecoderLM, build_language_model
 from attention_core.shakespeare.data import CharVocab, Corpus, load_corpus, random_batch, repeat_random_tokens
 from attention_core.shakespeare.heads import distinct_repeated, probe_copying
@@ -188,6 +189,7 @@ def probe_sequences(vocab: CharVocab, num_sequences: int = 16, length: int = PRO
                     ) -> torch.Tensor:
     """(num_sequences, 2 * length): ``length`` distinct letters (of the 52 upper- and lower-case ones) written
     twice, drawn with ``seed``: the probe text of the copying measurements."""
+    check_instance(vocab, CharVocab, "vocab", "a CharVocab")
     letters = vocab.encode("".join(c for c in vocab.chars if c.isalpha()))  # (52,)
     return distinct_repeated(num_sequences, length, letters, torch.Generator().manual_seed(seed))
 

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -177,10 +177,17 @@ def _check_state_fits(path: Path, model: nn.Module, state: Dict[str, Any]) -> No
                              f"{tuple(t.shape)}")
 
 
+def _check_recipe(recipe: object) -> None:
+    """``TypeError`` unless ``recipe`` is a dataclass instance with a str ``name``."""
+    if not is_dataclass(recipe) or isinstance(recipe, type) or not isinstance(getattr(recipe, "name", None), str):
+        raise TypeError(f"recipe must be a recipe (a dataclass with a str name), got {short_repr(recipe)}")
+
+
 def recipe_entry(recipe: Any, model: nn.Module, log: TrainLog, sha256: Optional[str], every: int = 25
                  ) -> Dict[str, Any]:
     """The manifest record of a model trained from ``recipe`` (a dataclass with a ``name``): file, checksum,
     size, time, loss curve (means of ``every`` steps) and the recipe itself."""
+    _check_recipe(recipe)
     return {
         "file": f"{recipe.name}.pt",
         "sha256": sha256,
@@ -198,6 +205,7 @@ def save_recipe_checkpoint(model: nn.Module, log: TrainLog, recipe: Any, directo
     """Write ``<recipe.name>.pt`` in ``directory`` (:func:`save_checkpoint`) and record its entry
     (:func:`recipe_entry`, then the fields of ``extra``: a test accuracy, a validation loss) in the folder's
     manifest; returns the entry."""
+    _check_recipe(recipe)
     sha = save_checkpoint(model, Path(directory) / f"{recipe.name}.pt")
     entry = {**recipe_entry(recipe, model, log, sha, every=every), **(extra or {})}
     record_in_manifest(directory, recipe.name, entry)
@@ -271,6 +279,7 @@ def load_or_train_recipe(recipe: Any, directory: PathLike, build: Callable[[Dict
         TypeError: ``retrain`` is not a bool.
         ValueError: the checkpoint was trained with another recipe than ``recipe``.
     """
+    _check_recipe(recipe)
     if not isinstance(retrain, bool):
         raise TypeError(f"retrain must be a bool, got {type(retrain).__name__} {retrain!r}")
     entry = read_manifest(directory).get(recipe.name)

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence
 
 import torch
+from torch import nn
 
+from attention_core._checks import check_instance
 from attention_core.translation.data import EOS, NumberWords, Pair, Vocab, batches, length_buckets
 from attention_core.translation.protocol import EncoderDecoder
 from attention_core.translation.rnn import greedy_decode
@@ -122,6 +124,7 @@ def evaluate(model: EncoderDecoder, pairs: Sequence[Pair], src_vocab: Optional[V
         max_len: most tokens to decode (default: longest target + 2).
         device: where to run (default: the model's device).
     """
+    check_instance(model, nn.Module, "model", "a translation model (an nn.Module)")
     if len(pairs) == 0:
         raise ValueError("pairs must hold at least one example, got 0")
     if src_vocab is None or tgt_vocab is None:
@@ -182,6 +185,7 @@ def evaluate_by_bucket(model: EncoderDecoder, pairs: Sequence[Pair], edges: Sequ
         where a bucket is ``{"label": "21-27", "low": 21, "high": 28, "count": int, "exact_match": float,
         "token_accuracy": float}``; an empty bucket has NaN scores.
     """
+    check_instance(model, nn.Module, "model", "a translation model (an nn.Module)")
     ev = evaluate(model, pairs, batch_size=batch_size, device=device)
     return {
         "edges": list(edges),

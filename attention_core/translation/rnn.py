@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attention_core._checks import check_int, fmt_shape
+from attention_core._checks import check_bool_flag, check_instance, check_int, check_positive_int, fmt_shape
 from attention_core.masks import padding_mask
 from attention_core.models.rnn_attention import AdditiveAttention, LuongAttention
 from attention_core.training.modes import eval_mode
@@ -81,6 +81,9 @@ class Encoder(nn.Module):
 
     def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, bidirectional: bool = True) -> None:
         super().__init__()
+        for name, size in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("hidden_dim", hidden_dim)):
+            check_positive_int(size, name)
+        check_bool_flag(bidirectional, "bidirectional")
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=PAD_ID)
         self.rnn = nn.GRU(embed_dim, hidden_dim, batch_first=True, bidirectional=bidirectional)
         self.output_dim = hidden_dim * (2 if bidirectional else 1)
@@ -101,6 +104,9 @@ class _GRUDecoder(nn.Module):
 
     def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, enc_dim: int, input_dim: int) -> None:
         super().__init__()
+        for name, size in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("hidden_dim", hidden_dim),
+                           ("enc_dim", enc_dim)):
+            check_positive_int(size, name)
         self.vocab_size, self.hidden_dim, self.enc_dim = vocab_size, hidden_dim, enc_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=PAD_ID)
         self.bridge = nn.Linear(enc_dim, hidden_dim)  # s_0 = tanh(W_init h_final)
@@ -150,6 +156,8 @@ class BahdanauDecoder(_GRUDecoder):
     def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, enc_dim: int,
                  attn_dim: Optional[int] = None) -> None:
         super().__init__(vocab_size, embed_dim, hidden_dim, enc_dim, embed_dim + enc_dim)
+        if attn_dim is not None:
+            check_positive_int(attn_dim, "attn_dim")
         self.attention = AdditiveAttention(hidden_dim, enc_dim, attn_dim or hidden_dim)
         self.out = nn.Linear(hidden_dim + enc_dim + embed_dim, vocab_size)
 
@@ -183,6 +191,7 @@ class LuongDecoder(_GRUDecoder):
 
     def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, enc_dim: int, score: str = "general",
                  mode: str = "global", window: int = 2, input_feeding: bool = True) -> None:
+        check_bool_flag(input_feeding, "input_feeding")
         super().__init__(vocab_size, embed_dim, hidden_dim, enc_dim,
                          embed_dim + (hidden_dim if input_feeding else 0))
         self.input_feeding = input_feeding
@@ -220,6 +229,8 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, encoder: Encoder, decoder: nn.Module, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
+        check_instance(encoder, Encoder, "encoder", "an Encoder")
+        check_instance(decoder, _GRUDecoder, "decoder", "a PlainDecoder, BahdanauDecoder or LuongDecoder")
         if encoder.output_dim != decoder.enc_dim:
             raise ValueError(f"encoder output size {encoder.output_dim} differs from the decoder's "
                              f"enc_dim={decoder.enc_dim}")
@@ -316,6 +327,7 @@ def alignment_scores(model: Seq2Seq, src: torch.Tensor, src_valid_lens: torch.Te
     :class:`BahdanauDecoder`, the current ``h_t`` for :class:`LuongDecoder`. Padding positions get scores too
     (the masks are applied later); ignore them. With ``return_queries`` also return the queries, (B, T, Dq).
     """
+    check_instance(model, Seq2Seq, "model", "a Seq2Seq")
     if not model.has_attention or not isinstance(model.decoder, (BahdanauDecoder, LuongDecoder)):
         raise ValueError(f"model must have a Bahdanau or Luong decoder, got {type(model.decoder).__name__}")
     enc = model.encode(src, src_valid_lens)
@@ -370,4 +382,5 @@ def build_rnn_model(config: Dict[str, Any]) -> Seq2Seq:
 
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters."""
+    check_instance(model, nn.Module, "model", "an nn.Module")
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

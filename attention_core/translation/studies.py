@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 
+from attention_core._checks import short_repr
+
 __all__ = ["RecordedRuns", "read_runs", "study_main"]
 
 PathLike = Union[str, Path]
@@ -58,6 +60,8 @@ def study_main(argv: Optional[Sequence[str]], description: str, default_out: Pat
                ) -> RecordedRuns:
     """The command line of a study module, ``[--out FILE]``: parse it, train on one CPU thread (so that every run
     repeats exactly) and return the study recorded in ``--out`` (default ``default_out``)."""
+    if argv is not None and (not isinstance(argv, (list, tuple)) or not all(isinstance(a, str) for a in argv)):
+        raise TypeError(f"argv must be None or a list of str, got {short_repr(argv)}")
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args(argv)

@@ -46,6 +46,8 @@ def run_one(name: str, lr: float, seed: int, steps: Optional[int] = None, test: 
     ``seed + 1``), everything else as the recipe has it; score it by exact match on the validation set (and on the
     test set when ``test``). When these settings are the recipe's own, the shipped checkpoint is that run and is
     loaded instead of trained again (``"source": "checkpoint"``)."""
+    if not isinstance(name, str) or name not in RECIPES:
+        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
     recipe = replace(RECIPES[name], lr=lr, seed=seed, data_seed=seed + 1, **({"steps": steps} if steps else {}))
     if recipe == RECIPES[name]:
         model, entry = load_or_train(name)

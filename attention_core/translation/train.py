@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from attention_core._checks import check_int
+from attention_core._checks import check_int, check_tensor
 from attention_core.training.checkpoint import TrainLog, load_or_train_recipe, read_manifest
 from attention_core.training.cli import recipes_main, train_and_record
 from attention_core.training.loop import TrainRecipe, fit, recipe_named
@@ -56,6 +56,8 @@ CHECKPOINT_DIR = Path(str(resources.files("attention_core.translation") / "check
 
 def sequence_loss(logits: torch.Tensor, tgt_out: torch.Tensor, pad_id: int = PAD_ID) -> torch.Tensor:
     """Mean cross-entropy over the real (non-pad) target tokens: (B, T, V), (B, T) -> scalar."""
+    check_tensor(logits, "logits")
+    check_tensor(tgt_out, "tgt_out")
     if logits.dim() != 3 or logits.shape[:2] != tgt_out.shape:
         raise ValueError(f"logits must be (B, T, V) with (B, T) = {tuple(tgt_out.shape)} of tgt_out, got shape "
                          f"{tuple(logits.shape)}")

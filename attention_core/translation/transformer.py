@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import nn
 
-from attention_core._checks import check_tensor, fmt_shape
+from attention_core._checks import check_positive_int, check_tensor, fmt_shape
 from attention_core.masks import padding_mask
 from attention_core.models.transformer import (
     Activation,
@@ -65,6 +65,12 @@ class Seq2SeqAttentions:
     cross: Tuple[torch.Tensor, ...]
 
 
+def _check_sizes(**sizes: object) -> None:
+    """``TypeError``/``ValueError`` naming the first of ``sizes`` that is not an int >= 1."""
+    for name, size in sizes.items():
+        check_positive_int(size, name)
+
+
 class _Embed(nn.Module):
     """Token embedding times sqrt(D), plus sinusoidal positions (then dropout).
 
@@ -96,6 +102,9 @@ class TokenDecoder(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, dim_feedforward: int,
                  dropout: float, activation: Activation, norm_first: bool, max_len: int) -> None:
         super().__init__()
+        _check_sizes(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, dim_feedforward=dim_feedforward,
+                     max_len=max_len)
+        check_positive_int(num_layers, "num_layers", allow_zero=True)
         self.embed = _Embed(vocab_size, d_model, max_len, dropout)
         self.layers = TransformerDecoder(
             lambda: TransformerDecoderLayer(d_model, num_heads, dim_feedforward, dropout, activation, norm_first),
@@ -145,6 +154,10 @@ class Seq2SeqTransformer(nn.Module):
                  dropout: float = 0.1, activation: Activation = "gelu", norm_first: bool = True,
                  max_len: int = 64, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
+        _check_sizes(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
+                     num_heads=num_heads, dim_feedforward=dim_feedforward, max_len=max_len)
+        check_positive_int(num_encoder_layers, "num_encoder_layers", allow_zero=True)
+        check_positive_int(num_decoder_layers, "num_decoder_layers", allow_zero=True)
         self.src_embed = _Embed(src_vocab_size, d_model, max_len, dropout)
         self.encoder = TransformerEncoder(
             lambda: TransformerEncoderLayer(d_model, num_heads, dim_feedforward, dropout, activation, norm_first),

@@ -66,6 +66,7 @@ def mean_attention_distance(weights: torch.Tensor, grid: Tuple[int, int], patch_
 
 def position_similarity(pos: torch.Tensor) -> torch.Tensor:
     """Cosine similarity between every pair of position embeddings: (N, D) -> (N, N)."""
+    check_tensor(pos, "pos")
     if pos.dim() != 2:
         raise ValueError(f"pos must be (N, D), got {tuple(pos.shape)}")
     p = pos.detach().to(torch.float64)
@@ -81,6 +82,9 @@ def word_region_accuracy(cross: torch.Tensor, patch_region: torch.Tensor, word_r
         patch_region: (N,) long, the region each patch belongs to.
         word_region: (B, T) long, the region each word names.
     """
+    check_tensor(cross, "cross")
+    check_tensor(patch_region, "patch_region")
+    check_tensor(word_region, "word_region")
     if cross.dim() != 3 or patch_region.shape != cross.shape[-1:] or word_region.shape != cross.shape[:2]:
         raise ValueError(f"shapes disagree: cross {tuple(cross.shape)}, patch_region {tuple(patch_region.shape)}, "
                          f"word_region {tuple(word_region.shape)}")
@@ -102,6 +106,7 @@ def layout_gap(pos: torch.Tensor, grid: Tuple[int, int], near: float = 1.0, far:
         they are less alike; when the similarities ignore the grid it falls among the gaps of shuffled grids
         (:func:`layout_gap_null`).
     """
+    check_tensor(pos, "pos")
     sim = position_similarity(pos)  # (N, N)
     if sim.shape[0] != grid[0] * grid[1]:
         raise ValueError(f"pos has {sim.shape[0]} positions, grid {grid} has {grid[0] * grid[1]}")
@@ -117,6 +122,7 @@ def layout_gap_null(pos: torch.Tensor, grid: Tuple[int, int], draws: int = 1000,
     layout learned from data puts the real gap above nearly all of them, vectors that ignore the grid put it
     anywhere among them, and a gap below nearly all of them means neighbours less alike than distant patches.
     """
+    check_tensor(pos, "pos")
     check_positive_int(draws, "draws")
     g = torch.Generator().manual_seed(seed)
     return torch.tensor([layout_gap(pos[torch.randperm(pos.shape[0], generator=g)], grid, near, far)

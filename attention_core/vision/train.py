@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention_core._checks import check_instance, check_tensor
 from attention_core.models.captioner import Captioner, build_captioner
 from attention_core.models.cnn import SmallCNN, cnn_parameters
 from attention_core.models.vit import VisionTransformer, build_vit
@@ -138,6 +139,9 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: 
     returns the log.
 
     The model trains in train mode; every submodule's mode is given back afterwards (also on error)."""
+    check_instance(model, nn.Module, "model", "a ViT or a CNN (an nn.Module)")
+    check_tensor(x, "x")
+    check_tensor(y, "y")
     loop = _VisionRecipe("classifier", steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
                          weight_decay=weight_decay, data_seed=data_seed)
     g = torch.Generator().manual_seed(data_seed)
