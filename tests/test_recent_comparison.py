@@ -3,6 +3,7 @@ step and writes a well-formed manifest and results file; the recipes keep the bu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -144,3 +145,17 @@ def test_the_committed_sink_study_is_whole_at_the_sink_recipes_scale() -> None:
         for measure, s in results["summary"][variant].items():
             values = [r[measure] for r in runs]
             assert s["min"] == min(values) and s["max"] == max(values)
+
+
+def test_reuse_keeps_the_recorded_runs_and_trains_only_new_seeds(tmp_path) -> None:
+    base = dataclasses.replace(recent.BASE, steps=3, warmup=1)
+    kw = dict(variants=("baseline", "qk_norm"), high_lrs=(1e-2, 3.0), val_blocks=4, decode_tokens=2)
+    first = recent.run_comparison(tmp_path, base, seeds=(0,), **kw)
+    more = recent.run_comparison(tmp_path, base, seeds=(0, 1), reuse=True, **kw)
+    assert more["runs"]["baseline"][0] == first["runs"]["baseline"][0]  # kept as recorded, decode time included
+    assert [r["seed"] for r in more["runs"]["qk_norm"]] == [0, 1]
+    assert more["high_lr"]["sweep"] == first["high_lr"]["sweep"]
+    assert more["high_lr"]["runs"]["baseline"][0] == first["high_lr"]["runs"]["baseline"][0]
+    assert [r["seed"] for r in more["high_lr"]["runs"]["qk_norm"]] == [0, 1]
+    other = recent.run_comparison(tmp_path / "x", dataclasses.replace(base, lr=1e-3), seeds=(0,), reuse=True, **kw)
+    assert other["runs"]["baseline"][0]["sha256"] != first["runs"]["baseline"][0]["sha256"]  # another recipe: trained

@@ -80,7 +80,7 @@ from attention_core.shakespeare.data import (
     unigram_loss,
 )
 from attention_core.shakespeare.train import CHECKPOINT_DIR, ExperimentRecipe
-from attention_core.training.checkpoint import TrainLog, save_recipe_checkpoint
+from attention_core.training.checkpoint import TrainLog, read_manifest, save_recipe_checkpoint
 from attention_core.training.loop import fit
 from attention_core.training.modes import eval_mode
 
@@ -346,9 +346,13 @@ def _fmt(s: Dict[str, float]) -> str:
 def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = SEEDS,
                    variants: Sequence[str] = tuple(VARIANTS), high_lrs: Sequence[float] = HIGH_LRS,
                    sweep_steps: Optional[int] = None, val_blocks: int = VAL_BLOCKS, decode_tokens: int = 64,
-                   command: str = "", show_progress: bool = False) -> Dict[str, Any]:
+                   command: str = "", show_progress: bool = False, reuse: bool = False) -> Dict[str, Any]:
     """Train and measure every variant and seed, the floors and the high-rate study (none when ``high_lrs`` is
-    empty); write checkpoints, the manifest and ``results.json`` in ``out``; return the results."""
+    empty); write checkpoints, the manifest and ``results.json`` in ``out``; return the results.
+
+    ``reuse``: the runs ``out/results.json`` already records with the same base recipe (and, in its high-rate
+    study, the same sweep) are kept as recorded, checkpoint and measures, and only the other seeds are trained:
+    how a recorded comparison is extended to more seeds."""
     corpus = load_corpus()
     V = len(corpus.vocab)
     out.mkdir(parents=True, exist_ok=True)
@@ -359,9 +363,13 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
         "machine": "CPU, one thread (OMP_NUM_THREADS=1), shared with other work: times are noisy",
         "runs": {}, "summary": {},
     }
+    recorded = _recorded_runs(out, base) if reuse else {}
     for variant in variants:
         runs = []
         for seed in seeds:
+            if (variant, seed) in recorded:  # trained and measured by an earlier run of the same recipe
+                runs.append(recorded[variant, seed])
+                continue
             recipe = recipe_for(variant, seed, base, V)
             cpu = time.process_time()
             model, log = train_recent(recipe, corpus, show_progress)
@@ -390,11 +398,35 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
                                  "row's first character is not predicted; the models predict it after the start "
                                  "token); unigram on the whole validation split"}
     if high_lrs:
+        before = _recorded_high_lr(out, base) if reuse else None
         results["high_lr"] = _high_lr_study(base, corpus, seeds, high_lrs, sweep_steps or base.steps, unigram,
-                                            val_blocks, show_progress)
+                                            val_blocks, show_progress, before)
     results["wall_seconds"] = time.perf_counter() - started
     _write(out, results)
     return results
+
+
+def _recorded_runs(out: Path, base: RecentRecipe) -> Dict[Tuple[str, int], Dict[str, Any]]:
+    """(variant, seed) -> the run ``out/results.json`` records, when it was made from ``base`` and its checkpoint
+    is still the one the manifest names (sha256); empty when there is no such file."""
+    path = out / "results.json"
+    if not path.is_file():
+        return {}
+    old = json.loads(path.read_text(encoding="utf-8"))
+    if old.get("base_recipe") != asdict(base):
+        return {}
+    manifest = read_manifest(out)
+    return {(variant, r["seed"]): r for variant, runs in old.get("runs", {}).items() for r in runs
+            if manifest.get(f"recent_{variant}_s{r['seed']}", {}).get("sha256") == r.get("sha256")}
+
+
+def _recorded_high_lr(out: Path, base: RecentRecipe) -> Optional[Dict[str, Any]]:
+    """The high-rate study ``out/results.json`` records for ``base``, or None."""
+    path = out / "results.json"
+    if not path.is_file():
+        return None
+    old = json.loads(path.read_text(encoding="utf-8"))
+    return old.get("high_lr") if old.get("base_recipe") == asdict(base) else None
 
 
 def _write(out: Path, results: Dict[str, Any]) -> None:
@@ -402,11 +434,20 @@ def _write(out: Path, results: Dict[str, Any]) -> None:
 
 
 def _high_lr_study(base: RecentRecipe, corpus: Corpus, seeds: Sequence[int], lrs: Sequence[float],
-                   sweep_steps: int, floor: float, val_blocks: int, show_progress: bool) -> Dict[str, Any]:
+                   sweep_steps: int, floor: float, val_blocks: int, show_progress: bool,
+                   before: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The sweep (baseline, seed 0, ``sweep_steps`` steps, each rate of ``lrs`` until one diverges), then the
-    baseline and QK-norm at that rate with every seed and the full steps."""
+    baseline and QK-norm at that rate with every seed and the full steps. ``before``: a study recorded with the
+    same sweep, whose sweep and runs are kept (only the seeds it lacks are trained)."""
     V = len(corpus.vocab)
-    sweep, chosen = [], None
+    same = before is not None and [s["lr"] for s in before["sweep"]] == list(lrs[: len(before["sweep"])]) and \
+        all(s["steps"] == sweep_steps for s in before["sweep"])
+    last = lrs[-1]
+    if same:
+        sweep, chosen = before["sweep"], (before["lr"] if before["baseline_diverged_in_sweep"] else None)
+        lrs = ()
+    else:
+        sweep, chosen = [], None
     for lr in lrs:
         recipe = recipe_for("baseline", seeds[0], base, V, lr=lr, steps=sweep_steps)
         model, log = train_recent(recipe, corpus, show_progress)
@@ -418,11 +459,15 @@ def _high_lr_study(base: RecentRecipe, corpus: Corpus, seeds: Sequence[int], lrs
             break
     study: Dict[str, Any] = {"divergence_floor": floor, "sweep": sweep,
                              "rule": "diverged: validation loss after training not finite or above the unigram "
-                                     "floor", "lr": chosen if chosen is not None else lrs[-1],
+                                     "floor", "lr": chosen if chosen is not None else last,
                              "baseline_diverged_in_sweep": chosen is not None, "runs": {}}
     for variant in ("baseline", "qk_norm"):
         runs = []
+        kept = {r["seed"]: r for r in before["runs"][variant]} if same and before["lr"] == study["lr"] else {}
         for seed in seeds:
+            if seed in kept:
+                runs.append(kept[seed])
+                continue
             recipe = recipe_for(variant, seed, base, V, lr=study["lr"])
             model, log = train_recent(recipe, corpus, show_progress)
             x, _ = _val_blocks(corpus, base.context, val_blocks)
@@ -466,6 +511,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--progress", action="store_true", help="progress bars")
     parser.add_argument("--high-lr-only", action="store_true",
                         help="rerun only the high learning-rate study, replacing it in <out>/results.json")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS),
+                        help="the seeds of every variant (default: 0 1 2)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the runs <out>/results.json records for the same recipe; train only new seeds")
     parser.add_argument("--sink-scale", action="store_true",
                         help="the sink study: SINK_VARIANTS at the sink recipe's scale (default out: recent_sink/)")
     args = parser.parse_args(argv)
@@ -496,7 +545,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         results = run_comparison(Path(args.out), replace(BASE, steps=3, warmup=1), seeds=(0,), high_lrs=(1e-2, 3.0),
                                  val_blocks=4, decode_tokens=2, command=command)
     else:
-        results = run_comparison(Path(args.out), command=command, show_progress=args.progress)
+        if args.seeds != list(SEEDS) or args.reuse:
+            command += " --seeds " + " ".join(map(str, args.seeds)) + (" --reuse" if args.reuse else "")
+        results = run_comparison(Path(args.out), seeds=tuple(args.seeds), command=command,
+                                 show_progress=args.progress, reuse=args.reuse)
     print_table(results)
     return results
 
