@@ -1816,14 +1816,19 @@ def test_switching_the_profile_hook_off_is_refused():
     assert sys.getprofile() is before
 
 
-def _ch17_own(sink_scale=1.0, stable=True, with_sink=True):
+def _ch17_own(sink_scale=1.0, stable=True, with_sink=True, unshifted_sink=False):
     """A reader's own sink attention (not the checker's helper): the sink logit times ``sink_scale``, ``exp``
-    without the row's maximum when not ``stable``, no sink at all when not ``with_sink``."""
+    without the row's maximum when not ``stable``, no sink at all when not ``with_sink``, the scores shifted by
+    their own maximum but ``exp(sinks[h])`` unshifted when ``unshifted_sink``."""
     def sink_attention(q, k, v, sinks, mask):
         z = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, NEG_INF)  # (H, L, S)
         s = (sinks * sink_scale).view(-1, 1, 1)  # (H, 1, 1)
         if not with_sink:
             return torch.softmax(z, -1).nan_to_num(0.0) @ v
+        if unshifted_sink:
+            m = z.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)  # a fully masked row: no shift
+            e = (z - m).exp()
+            return (e @ v) / (e.sum(-1, keepdim=True) + s.exp())
         m = torch.maximum(z.amax(-1, keepdim=True), s) if stable else torch.zeros_like(s)
         e = (z - m).exp()
         return (e @ v) / (e.sum(-1, keepdim=True) + (s - m).exp())
@@ -1833,8 +1838,9 @@ def _ch17_own(sink_scale=1.0, stable=True, with_sink=True):
 @pytest.mark.parametrize("fn,hint", [
     (_ch17_own(with_sink=False), "without exp(sinks[h]) each row's weights sum to 1"),
     (_ch17_own(stable=False), "subtract each row's maximum"),
+    (_ch17_own(unshifted_sink=True), "exp(sinks[h] - m) for the sink too"),
     (_ch17_own(sink_scale=0.5), None),  # a sink halved: wrong values, no known mistake to name
-], ids=["no sink", "exp without the maximum", "sink halved"])
+], ids=["no sink", "exp without the maximum", "exp(s) unshifted", "sink halved"])
 def test_ch17_a_readers_own_sink_mistakes_are_refused_and_named(fn, hint):
     """A reader's own sink attention without the sink, or with exp of unshifted scores, is refused with the hint of
     that mistake; one with a mistake the checker does not know is refused without naming one; the reader's own

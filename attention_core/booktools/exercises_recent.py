@@ -6,7 +6,8 @@ also holds ``exp(sinks[h])`` (gpt-oss's learned sinks): ``out_i = sum_j exp(z_ij
 exp(z_ij))`` with ``z_ij = q_i . k_j / sqrt(E)`` on the kept pairs. The reference is
 :func:`attention_core.models.attention_variants.sink_attention`; the mistakes are the ones the chapter warns about
 (no sink, the sink's logit scaled or shifted like a score, the sink added as a logit instead of ``exp``, exp
-without the row's maximum, a masked row that should give zeros).
+without the row's maximum, the scores shifted by their maximum but ``exp(sinks[h])`` left unshifted, a masked row
+that should give zeros).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _reference(q, k, v, sinks, mask):
 
 
 def sink_mistake(q, k, v, sinks, mask, *, sink=True, scale_sink=False, linear_sink=False, stable=True,
-                 sink_value=None, scale=None, shift_sink=False):
+                 sink_value=None, scale=None, shift_sink=False, unshifted_sink=False):
     """Attention with a sink column, one switch per known mistake (the defaults give the right answer)."""
     E = q.shape[-1]
     z = q @ k.transpose(-2, -1) * (E ** -0.5 if scale is None else scale)  # (H, L, S)
@@ -47,8 +48,13 @@ def sink_mistake(q, k, v, sinks, mask, *, sink=True, scale_sink=False, linear_si
         w = torch.softmax(z, dim=-1).nan_to_num(0.0)
         return w @ v
     m = torch.maximum(z.amax(-1, keepdim=True), s) if stable else torch.zeros_like(s)  # (H, L, 1)
+    if unshifted_sink:  # the scores' own maximum (0 on a fully masked row), and exp(s) not shifted by it
+        m = z.amax(-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(z - m)
-    if linear_sink:
+    if unshifted_sink:
+        den = e.sum(-1, keepdim=True) + torch.exp(s)
+    elif linear_sink:
         den = e.sum(-1, keepdim=True) + s  # s, not exp(s)
     else:
         den = e.sum(-1, keepdim=True) + torch.exp(s - m)
@@ -108,6 +114,9 @@ def build() -> FunctionSpec:
                     lambda q, k, v, s, m: sink_mistake(q, k, v, s, m, scale_sink=True)),
             Mistake("exp of a large score overflows to inf: subtract each row's maximum (over the scores and the "
                     "sink) first.", lambda q, k, v, s, m: sink_mistake(q, k, v, s, m, stable=False)),
+            Mistake("a shift must apply to every term: exp(z - m) for the scores, then exp(sinks[h] - m) for the sink "
+                    "too, not exp(sinks[h]).",
+                    lambda q, k, v, s, m: sink_mistake(q, k, v, s, m, unshifted_sink=True)),
             Mistake("the sink's value is zero: it takes weight from the keys and adds nothing to the output.",
                     lambda q, k, v, s, m: sink_mistake(q, k, v, s, m,
                                                        sink_value=lambda v_: v_.mean(-2, keepdim=True))),
