@@ -455,3 +455,15 @@ def test_kernel_tiles_refuses_bad_arguments(args, error, pattern):
     with pytest.raises(error, match=pattern):
         kernel_tiles(*args)
     assert kernel_tiles(0, 5, False) == 0 and kernel_tiles(64, 64, True, 16, 16) == 10  # valid calls unchanged
+
+
+@pytest.mark.parametrize("tensors, pattern", [
+    ("bad", r"tensors must be a non-empty list of torch.Tensor, got str 'bad'"),
+    (-3, r"tensors must be a non-empty list of torch.Tensor, got int -3"),
+    ([], r"tensors must be a non-empty list of torch.Tensor, got list \[\]"),
+    ([[1.0, 2.0]], r"tensors\[0\] must be a torch.Tensor, got list"),
+])
+def test_gather_shapes_refuses_what_is_not_a_list_of_tensors(tensors, pattern):
+    from attention_core.distributed.layout import gather_shapes
+    with pytest.raises(TypeError, match=pattern):
+        gather_shapes(tensors)  # refused before any collective (no process group here)

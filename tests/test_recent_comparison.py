@@ -144,3 +144,15 @@ def test_the_committed_sink_study_is_whole_at_the_sink_recipes_scale() -> None:
         for measure, s in results["summary"][variant].items():
             values = [r[measure] for r in runs]
             assert s["min"] == min(values) and s["max"] == max(values)
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (("bad",), r"out must be a pathlib.Path \(the results' directory\), got str 'bad'"),
+    ((-3,), r"out must be a pathlib.Path \(the results' directory\), got int -3"),
+    ((None, "bad"), r"base must be a RecentRecipe, got str 'bad'"),
+])
+def test_run_comparison_checks_its_directory_and_recipe_before_training(args, pattern, tmp_path):
+    args = (tmp_path / "out", *args[1:]) if args[0] is None else args
+    with pytest.raises(TypeError, match=pattern):
+        recent.run_comparison(*args)
+    assert not (tmp_path / "out").exists()  # refused before anything was written

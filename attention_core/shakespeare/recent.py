@@ -349,6 +349,8 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
                    command: str = "", show_progress: bool = False) -> Dict[str, Any]:
     """Train and measure every variant and seed, the floors and the high-rate study (none when ``high_lrs`` is
     empty); write checkpoints, the manifest and ``results.json`` in ``out``; return the results."""
+    check_instance(out, Path, "out", "a pathlib.Path (the results' directory)")
+    check_instance(base, RecentRecipe, "base", "a RecentRecipe")
     corpus = load_corpus()
     V = len(corpus.vocab)
     out.mkdir(parents=True, exist_ok=True)
