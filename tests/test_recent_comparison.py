@@ -159,3 +159,15 @@ def test_reuse_keeps_the_recorded_runs_and_trains_only_new_seeds(tmp_path) -> No
     assert [r["seed"] for r in more["high_lr"]["runs"]["qk_norm"]] == [0, 1]
     other = recent.run_comparison(tmp_path / "x", dataclasses.replace(base, lr=1e-3), seeds=(0,), reuse=True, **kw)
     assert other["runs"]["baseline"][0]["sha256"] != first["runs"]["baseline"][0]["sha256"]  # another recipe: trained
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (("bad",), r"out must be a pathlib.Path \(the results' directory\), got str 'bad'"),
+    ((-3,), r"out must be a pathlib.Path \(the results' directory\), got int -3"),
+    ((None, "bad"), r"base must be a RecentRecipe, got str 'bad'"),
+])
+def test_run_comparison_checks_its_directory_and_recipe_before_training(args, pattern, tmp_path):
+    args = (tmp_path / "out", *args[1:]) if args[0] is None else args
+    with pytest.raises(TypeError, match=pattern):
+        recent.run_comparison(*args)
+    assert not (tmp_path / "out").exists()  # refused before anything was written

@@ -353,6 +353,8 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
     ``reuse``: the runs ``out/results.json`` already records with the same base recipe (and, in its high-rate
     study, the same sweep) are kept as recorded, checkpoint and measures, and only the other seeds are trained:
     how a recorded comparison is extended to more seeds."""
+    check_instance(out, Path, "out", "a pathlib.Path (the results' directory)")
+    check_instance(base, RecentRecipe, "base", "a RecentRecipe")
     corpus = load_corpus()
     V = len(corpus.vocab)
     out.mkdir(parents=True, exist_ok=True)
