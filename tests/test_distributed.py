@@ -440,3 +440,30 @@ def _m(name: str):
 def test_distributed_check_helpers_refuse_bad_arguments_by_name(call, exc, words):
     with pytest.raises(exc, match=words):
         call()
+
+
+@pytest.mark.parametrize("args, error, pattern", [
+    ((-3, 5, False), ValueError, r"n must be an int >= 0 \(query rows\), got -3"),
+    ((5, -3, False), ValueError, r"m must be an int >= 0 \(keys\), got -3"),
+    ((64.5, 64, False), TypeError, r"n must be an int >= 0 \(query rows\), got float 64.5"),
+    ((64, 64, "yes"), TypeError, r"causal must be a bool, got str 'yes'"),
+    ((64, 64, False, 0), ValueError, r"block_q must be an int >= 1, got 0"),
+    ((64, 64, False, 16, [1]), TypeError, r"block_k must be an int >= 1, got list"),
+])
+def test_kernel_tiles_refuses_bad_arguments(args, error, pattern):
+    from attention_core.distributed.ring import kernel_tiles
+    with pytest.raises(error, match=pattern):
+        kernel_tiles(*args)
+    assert kernel_tiles(0, 5, False) == 0 and kernel_tiles(64, 64, True, 16, 16) == 10  # valid calls unchanged
+
+
+@pytest.mark.parametrize("tensors, pattern", [
+    ("bad", r"tensors must be a non-empty list of torch.Tensor, got str 'bad'"),
+    (-3, r"tensors must be a non-empty list of torch.Tensor, got int -3"),
+    ([], r"tensors must be a non-empty list of torch.Tensor, got list \[\]"),
+    ([[1.0, 2.0]], r"tensors\[0\] must be a torch.Tensor, got list"),
+])
+def test_gather_shapes_refuses_what_is_not_a_list_of_tensors(tensors, pattern):
+    from attention_core.distributed.layout import gather_shapes
+    with pytest.raises(TypeError, match=pattern):
+        gather_shapes(tensors)  # refused before any collective (no process group here)

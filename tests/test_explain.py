@@ -530,3 +530,16 @@ def _m(name: str):
 def test_explain_and_sentences_helpers_refuse_bad_arguments_by_name(call, exc, words):
     with pytest.raises(exc, match=words):
         call()
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda: sdata.sample(-3, 0), ValueError, r"n must be an int >= 0 \(examples\), got -3"),
+    (lambda: sdata.sample("bad", 0), TypeError, r"n must be an int >= 0 \(examples\), got str 'bad'"),
+    (lambda: sdata.sample(2, [[1.0, 2.0]]), TypeError, r"seed must be an int, got list"),
+    (lambda: next(sdata.stream(-3, 0)), ValueError, r"batch_size must be an int >= 1, got -3"),
+    (lambda: next(sdata.stream("bad", 0)), TypeError, r"batch_size must be an int >= 1, got str 'bad'"),
+])
+def test_sentence_sampling_refuses_bad_arguments(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()
+    assert sdata.sample(0, 0) == [] and len(sdata.sample(3, 0)) == 3  # valid calls unchanged

@@ -341,3 +341,16 @@ def test_ablate_heads_refuses_bad_pairs_and_leaves_the_weights(pairs, err, patte
         with heads.ablate_heads(_LM, [(0, 1)] + pairs):
             pass
     assert all(torch.equal(v, _LM.state_dict()[k]) for k, v in before.items())
+
+
+@pytest.mark.parametrize("model, pairs, pattern", [
+    ("bad", [(0, 0)], r"model must be a DecoderLM, got str 'bad'"),
+    (-3, [(0, 0)], r"model must be a DecoderLM, got int -3"),
+    (torch.nn.Linear(2, 2), [(0, 0)], r"model must be a DecoderLM, got Linear"),
+    (None, "bad", r"heads must be an iterable of \(layer, head\) pairs of ints, got str 'bad'"),
+    (None, -3, r"heads must be an iterable of \(layer, head\) pairs of ints, got int -3"),
+])
+def test_ablate_heads_checks_its_arguments_at_the_call(model, pairs, pattern) -> None:
+    model = _tiny() if model is None else model
+    with pytest.raises(TypeError, match=pattern):
+        heads.ablate_heads(model, pairs)  # refused at the call, before any with block is entered

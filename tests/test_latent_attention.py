@@ -93,3 +93,19 @@ def test_arguments_are_checked() -> None:
         MultiHeadLatentAttention(D, H, E, DC, 3)
     with pytest.raises(ValueError, match="kv_latent_dim"):
         MultiHeadLatentAttention(D, H, E, 0, DR)
+
+
+_FLOPS = dict(L=4, S=8, embed_dim=16, num_heads=2, head_dim=4, kv_latent_dim=4, rope_dim=2, absorbed=False)
+
+
+@pytest.mark.parametrize("name, value, error", [
+    ("L", -3, ValueError), ("S", 0, ValueError), ("embed_dim", "bad", TypeError), ("num_heads", [[1.0]], TypeError),
+    ("head_dim", -3, ValueError), ("kv_latent_dim", 2.5, TypeError), ("rope_dim", -1, ValueError),
+    ("absorbed", "yes", TypeError),
+])
+def test_latent_score_flops_refuses_bad_arguments(name, value, error):
+    from attention_core.models.latent_attention import latent_score_flops
+    with pytest.raises(error, match=rf"^{name} must be an? (int >= 1|bool), got ") as caught:
+        latent_score_flops(**{**_FLOPS, name: value})
+    assert str(caught.value).endswith(repr(value))  # what it was
+    assert latent_score_flops(**_FLOPS) == 2 * 8 * 4 * 2 * 2 * 4 + 2 * 4 * 8 * 2 * (2 * 4 + 2) + 2 * 2 * 4 * 16 * 2 * 4

@@ -98,9 +98,9 @@ def test_the_committed_comparison_is_whole_and_its_checkpoints_are_what_the_mani
     the runs."""
     results = json.loads((recent.RECENT_DIR / "results.json").read_text())
     manifest = json.loads((recent.RECENT_DIR / "manifest.json").read_text())
-    assert set(results["runs"]) == set(recent.VARIANTS) and results["seeds"] == [0, 1, 2]
+    assert set(results["runs"]) == set(recent.VARIANTS) and results["seeds"] == list(recent.SEEDS)
     for variant, runs in results["runs"].items():
-        assert [r["seed"] for r in runs] == [0, 1, 2]
+        assert [r["seed"] for r in runs] == list(recent.SEEDS)
         for r in runs:
             entry = manifest[f"recent_{variant}_s{r['seed']}"]
             path = recent.RECENT_DIR / entry["file"]
@@ -110,7 +110,7 @@ def test_the_committed_comparison_is_whole_and_its_checkpoints_are_what_the_mani
         for measure, s in results["summary"][variant].items():
             values = [r[measure] for r in runs]
             assert s["min"] == min(values) and s["max"] == max(values)
-            assert math.isclose(s["mean"], sum(values) / 3, rel_tol=1e-9, abs_tol=1e-12)
+            assert math.isclose(s["mean"], sum(values) / len(values), rel_tol=1e-9, abs_tol=1e-12)
     assert set(results["high_lr"]["runs"]) == {"baseline", "qk_norm"}
 
 
@@ -132,7 +132,7 @@ def test_the_committed_sink_study_is_whole_at_the_sink_recipes_scale() -> None:
     says, the budget within 1%."""
     results = json.loads((recent.RECENT_SINK_DIR / "results.json").read_text())
     manifest = json.loads((recent.RECENT_SINK_DIR / "manifest.json").read_text())
-    assert tuple(results["runs"]) == recent.SINK_VARIANTS and results["seeds"] == [0, 1, 2]
+    assert tuple(results["runs"]) == recent.SINK_VARIANTS and results["seeds"] == list(recent.SINK_SEEDS)
     assert results["base_recipe"]["steps"] == 2000 and results["base_recipe"]["context"] == 128
     for variant, runs in results["runs"].items():
         assert [r["seed"] for r in runs] == [0, 1, 2]
@@ -147,11 +147,14 @@ def test_the_committed_sink_study_is_whole_at_the_sink_recipes_scale() -> None:
             assert s["min"] == min(values) and s["max"] == max(values)
 
 
-def test_reuse_keeps_the_recorded_runs_and_trains_only_new_seeds(tmp_path) -> None:
+def test_reuse_keeps_the_recorded_runs_and_trains_only_new_seeds(tmp_path, monkeypatch) -> None:
     base = dataclasses.replace(recent.BASE, steps=3, warmup=1)
     kw = dict(variants=("baseline", "qk_norm"), high_lrs=(1e-2, 3.0), val_blocks=4, decode_tokens=2)
     first = recent.run_comparison(tmp_path, base, seeds=(0,), **kw)
+    trained, train = [], recent.train_recent
+    monkeypatch.setattr(recent, "train_recent", lambda r, *a, **k: trained.append(r.name) or train(r, *a, **k))
     more = recent.run_comparison(tmp_path, base, seeds=(0, 1), reuse=True, **kw)
+    assert len(trained) == 4  # seed 1 of both variants and of both high-rate arms; no sweep again
     assert more["runs"]["baseline"][0] == first["runs"]["baseline"][0]  # kept as recorded, decode time included
     assert [r["seed"] for r in more["runs"]["qk_norm"]] == [0, 1]
     assert more["high_lr"]["sweep"] == first["high_lr"]["sweep"]
@@ -159,3 +162,15 @@ def test_reuse_keeps_the_recorded_runs_and_trains_only_new_seeds(tmp_path) -> No
     assert [r["seed"] for r in more["high_lr"]["runs"]["qk_norm"]] == [0, 1]
     other = recent.run_comparison(tmp_path / "x", dataclasses.replace(base, lr=1e-3), seeds=(0,), reuse=True, **kw)
     assert other["runs"]["baseline"][0]["sha256"] != first["runs"]["baseline"][0]["sha256"]  # another recipe: trained
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (("bad",), r"out must be a pathlib.Path \(the results' directory\), got str 'bad'"),
+    ((-3,), r"out must be a pathlib.Path \(the results' directory\), got int -3"),
+    ((None, "bad"), r"base must be a RecentRecipe, got str 'bad'"),
+])
+def test_run_comparison_checks_its_directory_and_recipe_before_training(args, pattern, tmp_path):
+    args = (tmp_path / "out", *args[1:]) if args[0] is None else args
+    with pytest.raises(TypeError, match=pattern):
+        recent.run_comparison(*args)
+    assert not (tmp_path / "out").exists()  # refused before anything was written

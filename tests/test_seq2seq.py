@@ -196,3 +196,16 @@ def _m(name: str):
 def test_translation_helpers_refuse_bad_arguments_by_name(call, exc, words):
     with pytest.raises(exc, match=words):
         call()
+
+
+@pytest.mark.parametrize("fn", [exact_match, token_accuracy])
+@pytest.mark.parametrize("prediction, target, pattern", [
+    ([[1.0]], [[1.0]], r"prediction\[0\] must be a str token, got list \[1.0\]"),
+    ([1.0, 2.0], ["1"], r"prediction\[0\] must be a str token, got float 1.0"),
+    ("bad", ["1"], r"prediction must be a list of str tokens, got str 'bad'"),
+    (["1"], -3, r"target must be a list of str tokens, got int -3"),
+])
+def test_metrics_refuse_non_token_lists(fn, prediction, target, pattern):
+    with pytest.raises(TypeError, match=pattern):
+        fn(prediction, target)
+    assert fn(("1", "2"), ["1", "2"]) == 1  # a tuple of tokens still scores

@@ -106,3 +106,33 @@ def test_length_buckets() -> None:
     assert length_buckets([1, 5, 6, 27], [1, 6, 11, 28]) == [0, 0, 1, 2]
     with pytest.raises(ValueError, match="length 30 is outside"):
         length_buckets([30], [1, 6, 28])
+
+
+_TASK = NumberWords()
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda: pad([[1.5, 2.7]]), TypeError, r"seqs\[0\]\[0\] must be an int >= 0 \(a token id\), got float 1.5"),
+    (lambda: pad([[1, -3]]), ValueError, r"seqs\[0\]\[1\] must be an int >= 0 \(a token id\), got -3"),
+    (lambda: pad("bad"), TypeError, r"seqs must be a list of id lists, got str 'bad'"),
+    (lambda: pad(-3), TypeError, r"seqs must be a list of id lists, got int -3"),
+    (lambda: pad([5]), TypeError, r"seqs\[0\] must be a list of ints >= 0 \(token ids\), got int 5"),
+    (lambda: pad([[1]], value=-3), ValueError, r"value must be an int >= 0 \(the padding id\), got -3"),
+    (lambda: collate([[1.0, 2.0]] * 3, _TASK.src_vocab, _TASK.tgt_vocab), TypeError,
+     r"pairs\[0\]\[0\] must be a list of str tokens, got float 1.0"),
+    (lambda: collate([[1.0, 2.0]] * 3, [[1.0, 2.0]], [[1.0, 2.0]]), TypeError, r"src_vocab must be a Vocab, got list"),
+    (lambda: collate([(["one"], ["1"])], _TASK.src_vocab, "bad"), TypeError, r"tgt_vocab must be a Vocab, got str"),
+    (lambda: collate("bad", _TASK.src_vocab, _TASK.tgt_vocab), TypeError, r"pairs must be a list of \(source"),
+    (lambda: collate([(["one"],)], _TASK.src_vocab, _TASK.tgt_vocab), TypeError, r"pairs\[0\] must be a \(source"),
+    (lambda: collate([("one", ["1"])], _TASK.src_vocab, _TASK.tgt_vocab), TypeError,
+     r"pairs\[0\]\[0\] must be a list of str tokens, got str 'one'"),
+    (lambda: collate([(["one"], [1])], _TASK.src_vocab, _TASK.tgt_vocab), TypeError,
+     r"pairs\[0\]\[1\]\[0\] must be a str token, got int 1"),
+    (lambda: next(batches(_TASK.sample(3, seed=0), _TASK.src_vocab, _TASK.tgt_vocab, "2")), TypeError,
+     r"batch_size must be an int >= 1, got str '2'"),
+])
+def test_pad_and_collate_refuse_bad_arguments(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()
+    ids, lens = pad([(5, 6), [7]])  # tuples and lists of ints still pad as before
+    assert ids.tolist() == [[5, 6], [7, PAD_ID]] and lens.tolist() == [2, 1]

@@ -498,3 +498,16 @@ def _m(name: str):
 def test_vision_helpers_refuse_bad_arguments_by_name(call, exc, words):
     with pytest.raises(exc, match=words):
         call()
+
+
+@pytest.mark.parametrize("args, error, pattern", [
+    ((-3,), ValueError, r"parameters must be an int >= 1, got -3"),
+    (("bad",), TypeError, r"parameters must be an int >= 1, got str 'bad'"),
+    (([[1.0, 2.0]],), TypeError, r"parameters must be an int >= 1, got list"),
+    ((1000, "bad"), TypeError, r"seed must be an int, got str 'bad'"),
+])
+def test_cnn_config_matching_refuses_bad_arguments(args, error, pattern):
+    from attention_core.vision.train import cnn_config_matching
+    with pytest.raises(error, match=pattern):
+        cnn_config_matching(*args)
+    assert cnn_config_matching(1000, seed=3)["seed"] == 3  # a valid call unchanged

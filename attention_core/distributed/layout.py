@@ -168,6 +168,11 @@ def gather_shapes(tensors: List[torch.Tensor], group: Optional[dist.ProcessGroup
     Raises ``ValueError`` on every rank alike (each sees every rank's message) when any rank's tensor has more
     than :data:`MAX_DIMS` dims.
     """
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise TypeError(f"tensors must be a non-empty list of torch.Tensor, got {type(tensors).__name__} "
+                        f"{short_repr(tensors)}")
+    for i, t in enumerate(tensors):
+        check_tensor(t, f"tensors[{i}]")
     width = 1 + MAX_DIMS
     flat = []
     for t in tensors:

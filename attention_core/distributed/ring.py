@@ -33,6 +33,7 @@ from attention_core._checks import (
     check_bool_flag,
     check_floating,
     check_int,
+    check_positive_int,
     check_rank,
     check_same_device,
     check_same_dtype,
@@ -111,6 +112,11 @@ def block_plan(q_segments: Sequence[Segment], k_segments: Sequence[Segment], is_
 def kernel_tiles(n: int, m: int, causal: bool, block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> int:
     """Score tiles the chunked kernel visits for n query rows and m keys (per (batch, kv-head) pair); causal
     stops each query tile at its last row's key, as the kernel does."""
+    check_int(n, "n", low=0, note="(query rows)")
+    check_int(m, "m", low=0, note="(keys)")
+    check_bool_flag(causal, "causal")
+    check_positive_int(block_q, "block_q")
+    check_positive_int(block_k, "block_k")
     total = 0
     for r0 in range(0, n, block_q):
         r1 = min(r0 + block_q, n)

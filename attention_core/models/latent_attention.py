@@ -334,6 +334,10 @@ def latent_score_flops(L: int, S: int, embed_dim: int, num_heads: int, head_dim:
     ``2 L D H d_c`` each absorbed, the up-projections folded into them). Masking is ignored (a causal prefill
     computes about half of the scores in either form); the latent and rotary projections are the same in both.
     """
+    for name, n in {"L": L, "S": S, "embed_dim": embed_dim, "num_heads": num_heads, "head_dim": head_dim,
+                    "kv_latent_dim": kv_latent_dim, "rope_dim": rope_dim}.items():
+        check_positive_int(n, name)
+    check_bool_flag(absorbed, "absorbed")
     D, H, E, dc, dr = embed_dim, num_heads, head_dim, kv_latent_dim, rope_dim
     if absorbed:
         return 2 * L * S * H * (2 * dc + dr) + 2 * 2 * L * D * H * dc

@@ -17,7 +17,7 @@ from typing import Dict, Iterator, List, Sequence
 
 import torch
 
-from attention_core._checks import short_repr
+from attention_core._checks import check_int, short_repr
 
 __all__ = [
     "FILLERS",
@@ -77,6 +77,8 @@ def _example(rng: random.Random) -> Example:
 
 def sample(n: int, seed: int) -> List[Example]:
     """``n`` examples from ``random.Random(seed)``."""
+    check_int(n, "n", low=0, note="(examples)")
+    check_int(seed, "seed")
     rng = random.Random(seed)
     return [_example(rng) for _ in range(n)]
 
@@ -102,6 +104,8 @@ def collate(examples: Sequence[Example]) -> SentenceBatch:
 
 def stream(batch_size: int, seed: int) -> Iterator[SentenceBatch]:
     """Endless training batches from ``random.Random(seed)``."""
+    check_int(batch_size, "batch_size", low=1)
+    check_int(seed, "seed")
     rng = random.Random(seed)
     while True:
         yield collate([_example(rng) for _ in range(batch_size)])

@@ -17,11 +17,12 @@ clear chance level.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
-from attention_core._checks import check_int, check_positive_int, check_tensor, fmt_shape
+from attention_core._checks import check_instance, check_int, check_positive_int, check_tensor, fmt_shape, short_repr
+from attention_core.models.language_model import DecoderLM
 from attention_core.training.modes import eval_mode
 
 __all__ = [
@@ -92,10 +93,21 @@ def copy_accuracy(logits: torch.Tensor, sequences: torch.Tensor, length: int) ->
     return float((pred == sequences[:, N + 1 : 2 * N]).double().mean())
 
 
-@contextmanager
-def ablate_heads(model, heads: Iterable[Tuple[int, int]]) -> Iterator[None]:  # noqa: ANN001
+def ablate_heads(model: DecoderLM, heads: Iterable[Tuple[int, int]]) -> ContextManager[None]:
     """Within the ``with`` block, heads ``(layer, head)`` of a ``DecoderLM`` write nothing to the residual
-    stream (their columns of the output projection are zero); the weights are restored on exit."""
+    stream (their columns of the output projection are zero); the weights are restored on exit.
+
+    The model's type and that ``heads`` is an iterable are checked at the call, the pairs on entering the block.
+    """
+    check_instance(model, DecoderLM, "model", "a DecoderLM")
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise TypeError(f"heads must be an iterable of (layer, head) pairs of ints, got {type(heads).__name__} "
+                        f"{short_repr(heads)}")
+    return _ablate_heads(model, heads)
+
+
+@contextmanager
+def _ablate_heads(model: DecoderLM, heads: Iterable[Tuple[int, int]]) -> Iterator[None]:
     saved = []
     try:
         with torch.no_grad():

@@ -12,7 +12,7 @@ count (within 1%).
 
 The scale is this machine's, not the sink recipe's: width 64, 2 layers, 4 heads, crops of ``context = 64``
 characters, batches of 16, :data:`STEPS` steps (the ``sink`` recipe trains 2000 steps of 32 crops of 128; here
-every variant and seed shares two CPU cores with other work, and the whole comparison, 24 runs plus the
+every variant and seed shares two CPU cores with other work, and the whole comparison, 48 runs plus the
 learning-rate study, must finish within about an hour). Models this small and this short trained say what holds
 at this scale only.
 
@@ -84,7 +84,7 @@ from attention_core.training.checkpoint import TrainLog, read_manifest, save_rec
 from attention_core.training.loop import fit
 from attention_core.training.modes import eval_mode
 
-__all__ = ["BASE", "HIGH_LRS", "RECENT_DIR", "SEEDS", "STEPS", "VAL_BLOCKS", "VARIANTS", "RecentRecipe",
+__all__ = ["BASE", "HIGH_LRS", "RECENT_DIR", "SEEDS", "SINK_SEEDS", "STEPS", "VAL_BLOCKS", "VARIANTS", "RecentRecipe",
            "attention_logits", "main", "max_attention_logit",
            "measure", "recipe_for", "train_recent"]
 
@@ -97,8 +97,11 @@ STEPS = 400
 HIGH_LRS = (1e-2, 3e-2, 1e-1, 3e-1, 1.0)
 #: Validation blocks every loss is measured on (of ``context``, or ``2 context`` past the training length).
 VAL_BLOCKS = 64
-#: The seeds of every variant (weights ``s``, batches ``s + 1``).
-SEEDS = (0, 1, 2)
+#: The seeds of every variant (weights ``s``, batches ``s + 1``): six, first recorded as three and extended with
+#: ``--seeds 0 1 2 3 4 5 --reuse`` (the first three runs kept as recorded).
+SEEDS = (0, 1, 2, 3, 4, 5)
+#: The seeds of the sink study (each run takes minutes at its scale).
+SINK_SEEDS = (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -353,6 +356,8 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
     ``reuse``: the runs ``out/results.json`` already records with the same base recipe (and, in its high-rate
     study, the same sweep) are kept as recorded, checkpoint and measures, and only the other seeds are trained:
     how a recorded comparison is extended to more seeds."""
+    check_instance(out, Path, "out", "a pathlib.Path (the results' directory)")
+    check_instance(base, RecentRecipe, "base", "a RecentRecipe")
     corpus = load_corpus()
     V = len(corpus.vocab)
     out.mkdir(parents=True, exist_ok=True)
@@ -364,6 +369,7 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
         "runs": {}, "summary": {},
     }
     recorded = _recorded_runs(out, base) if reuse else {}
+    before = _recorded_high_lr(out, base) if reuse else None  # read before this run rewrites results.json
     for variant in variants:
         runs = []
         for seed in seeds:
@@ -398,7 +404,6 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
                                  "row's first character is not predicted; the models predict it after the start "
                                  "token); unigram on the whole validation split"}
     if high_lrs:
-        before = _recorded_high_lr(out, base) if reuse else None
         results["high_lr"] = _high_lr_study(base, corpus, seeds, high_lrs, sweep_steps or base.steps, unigram,
                                             val_blocks, show_progress, before)
     results["wall_seconds"] = time.perf_counter() - started
@@ -512,7 +517,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--high-lr-only", action="store_true",
                         help="rerun only the high learning-rate study, replacing it in <out>/results.json")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS),
-                        help="the seeds of every variant (default: 0 1 2)")
+                        help="the seeds of every variant (default: 0 1 2 3 4 5)")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the runs <out>/results.json records for the same recipe; train only new seeds")
     parser.add_argument("--sink-scale", action="store_true",
@@ -537,7 +542,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if args.sink_scale:
         out = Path(args.out) if args.out != str(RECENT_DIR) else RECENT_SINK_DIR
         base = replace(SINK_BASE, steps=3, warmup=1) if args.smoke else SINK_BASE
-        results = run_comparison(out, base, seeds=(0,) if args.smoke else SEEDS, variants=SINK_VARIANTS,
+        results = run_comparison(out, base, seeds=(0,) if args.smoke else SINK_SEEDS, variants=SINK_VARIANTS,
                                  high_lrs=(), val_blocks=4 if args.smoke else VAL_BLOCKS,
                                  decode_tokens=2 if args.smoke else 64, command=command + " --sink-scale",
                                  show_progress=args.progress)

@@ -32,7 +32,7 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
-from attention_core._checks import check_int, check_tensor, fmt_shape
+from attention_core._checks import check_instance, check_int, check_tensor, fmt_shape, short_repr
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS: Tuple[str, ...] = (PAD, BOS, EOS, UNK)
@@ -47,6 +47,20 @@ SCALES: Tuple[str, ...] = ("", "thousand", "million", "billion")
 MAX_DIGITS = 3 * len(SCALES)
 
 Pair = Tuple[List[str], List[str]]
+
+
+def _is_sequence(x: object) -> bool:
+    """A list, tuple or other sequence, but not a string (whose items would be read as tokens)."""
+    return isinstance(x, Sequence) and not isinstance(x, (str, bytes))
+
+
+def _check_tokens(tokens: object, name: str) -> None:
+    """Raise ``TypeError`` unless ``tokens`` is a sequence (not a string) of strings: a sentence as tokens."""
+    if not _is_sequence(tokens):
+        raise TypeError(f"{name} must be a list of str tokens, got {type(tokens).__name__} {short_repr(tokens)}")
+    for j, t in enumerate(tokens):
+        if not isinstance(t, str):
+            raise TypeError(f"{name}[{j}] must be a str token, got {type(t).__name__} {short_repr(t)}")
 
 
 class Vocab:
@@ -205,8 +219,17 @@ class Batch:
 
 def pad(seqs: Sequence[Sequence[int]], value: int = PAD_ID) -> Tuple[torch.Tensor, torch.Tensor]:
     """Right-pad id lists into a (B, max_len) int64 tensor; also return the (B,) valid lengths."""
+    check_int(value, "value", low=0, note="(the padding id)")
+    if not _is_sequence(seqs):
+        raise TypeError(f"seqs must be a list of id lists, got {type(seqs).__name__} {short_repr(seqs)}")
     if len(seqs) == 0:
         raise ValueError("seqs must hold at least one sequence, got 0")
+    for i, s in enumerate(seqs):
+        if not _is_sequence(s):
+            raise TypeError(f"seqs[{i}] must be a list of ints >= 0 (token ids), got {type(s).__name__} "
+                            f"{short_repr(s)}")
+        for j, t in enumerate(s):
+            check_int(t, f"seqs[{i}][{j}]", low=0, note="(a token id)")
     lens = torch.tensor([len(s) for s in seqs], dtype=torch.long)
     out = torch.full((len(seqs), max(1, int(lens.max()))), value, dtype=torch.long)
     for i, s in enumerate(seqs):
@@ -216,6 +239,17 @@ def pad(seqs: Sequence[Sequence[int]], value: int = PAD_ID) -> Tuple[torch.Tenso
 
 def collate(pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab: Vocab) -> Batch:
     """Encode, add ``<bos>``/``<eos>`` to the target and pad: a list of pairs -> :class:`Batch`."""
+    check_instance(src_vocab, Vocab, "src_vocab", "a Vocab")
+    check_instance(tgt_vocab, Vocab, "tgt_vocab", "a Vocab")
+    if not _is_sequence(pairs):
+        raise TypeError(f"pairs must be a list of (source tokens, target tokens) pairs, got "
+                        f"{type(pairs).__name__} {short_repr(pairs)}")
+    for i, pair in enumerate(pairs):
+        if not _is_sequence(pair) or len(pair) != 2:
+            raise TypeError(f"pairs[{i}] must be a (source tokens, target tokens) pair, got "
+                            f"{type(pair).__name__} {short_repr(pair)}")
+        _check_tokens(pair[0], f"pairs[{i}][0]")
+        _check_tokens(pair[1], f"pairs[{i}][1]")
     src, src_lens = pad([src_vocab.encode(s) for s, _ in pairs])
     tgt_ids = [tgt_vocab.encode(t) for _, t in pairs]
     tgt_in, _ = pad([[BOS_ID, *t] for t in tgt_ids])
@@ -226,8 +260,7 @@ def collate(pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab: Vocab) -> Batch:
 def batches(pairs: Sequence[Pair], src_vocab: Vocab, tgt_vocab: Vocab, batch_size: int,
             shuffle: bool = False, seed: int = 0) -> Iterator[Batch]:
     """Collated batches over a fixed list of pairs, in order or shuffled by ``seed``."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_int(batch_size, "batch_size", low=1)
     order = list(range(len(pairs)))
     if shuffle:
         random.Random(seed).shuffle(order)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from attention_core._checks import check_instance
-from attention_core.translation.data import EOS, NumberWords, Pair, Vocab, batches, length_buckets
+from attention_core.translation.data import EOS, NumberWords, Pair, Vocab, _check_tokens, batches, length_buckets
 from attention_core.translation.protocol import EncoderDecoder
 from attention_core.translation.rnn import greedy_decode
 
@@ -50,11 +50,15 @@ def _with_eos(tokens: Sequence[str]) -> List[str]:
 
 def exact_match(prediction: Sequence[str], target: Sequence[str]) -> bool:
     """True when the predicted tokens equal the target tokens."""
+    _check_tokens(prediction, "prediction")
+    _check_tokens(target, "target")
     return list(prediction) == list(target)
 
 
 def token_accuracy(prediction: Sequence[str], target: Sequence[str]) -> float:
     """Fraction of the ``len(target) + 1`` positions (counting ``<eos>``) predicted right."""
+    _check_tokens(prediction, "prediction")
+    _check_tokens(target, "target")
     gold, pred = _with_eos(target), _with_eos(prediction)
     return sum(int(i < len(pred) and pred[i] == g) for i, g in enumerate(gold)) / len(gold)
 

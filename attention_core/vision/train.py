@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_core._checks import check_instance, check_tensor
+from attention_core._checks import check_instance, check_int, check_positive_int, check_tensor
 from attention_core.models.captioner import Captioner, build_captioner
 from attention_core.models.cnn import SmallCNN, cnn_parameters
 from attention_core.models.vit import VisionTransformer, build_vit
@@ -171,6 +171,8 @@ def _train_vit(recipe: ViTRecipe, digits: Digits) -> Tuple[VisionTransformer, Tr
 
 def cnn_config_matching(parameters: int, seed: int = 0) -> Dict[str, Any]:
     """The SmallCNN config (first conv 16 channels) whose parameter count is closest to ``parameters``."""
+    check_positive_int(parameters, "parameters")
+    check_int(seed, "seed")
     best = min(range(1, 512), key=lambda c2: abs(cnn_parameters((8, 8), 1, 10, (16, c2)) - parameters))
     return {"image_size": [8, 8], "in_channels": 1, "num_classes": 10, "channels": [16, best], "seed": seed}
 
