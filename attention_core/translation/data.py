@@ -180,8 +180,7 @@ class NumberWords:
         return int("".join(map(str, digits)))
 
     def pair(self, rng: random.Random) -> Pair:
-        """One ``(source words, target digits)`` example."""
-        check_instance(rng, random.Random, "rng", "a random.Random")
+        """One ``(source words, target digits)`` example (``rng`` is checked by :meth:`number`, its first use)."""
         n = self.number(rng)
         use_and = rng.random() < self.and_prob
         return number_to_words(n, use_and), list(str(n))
