@@ -113,6 +113,8 @@ def _filled(num_layers=2, **kw) -> KVCache:
     ("set_state", ("bad", None), TypeError, ("layer", "'bad'")),
     ("check_room", ("bad",), TypeError, ("L", "'bad'")),
     ("check_room", (-3,), ValueError, ("L", "-3")),
+    ("positions", (-3,), ValueError, ("L", "-3")),
+    ("positions", ("bad",), TypeError, ("L", "'bad'")),
     ("update", (-3, torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)), ValueError, ("layer", "-3")),
     ("update", (0, "bad", torch.randn(1, 2, 1, 4)), TypeError, ("key", "str")),
     ("update", (0, torch.randn(1, 2, 1, 4), [1.0]), TypeError, ("value", "list")),

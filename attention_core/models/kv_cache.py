@@ -332,6 +332,7 @@ class KVCache:
 
     def positions(self, L: int, device: Optional[torch.device] = None) -> torch.Tensor:
         """Positions of the next ``L`` tokens: (L,), or (B, L) with left padding (padding rows clamped to 0)."""
+        L = check_positive_int(L, "L", allow_zero=True)
         pos = torch.arange(self.seen, self.seen + L, device=device)  # (L,)
         if self.pad is None:
             return pos
