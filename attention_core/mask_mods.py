@@ -100,7 +100,21 @@ def check_captured(mod, B: int, H: int, L: int, S: int, device: torch.device) ->
 
     A mod says what it indexes in ``mod.flex_captures``: ``(mod name, tensor name, tensor, dim, over)`` entries,
     ``over`` one of ``"heads"``, ``"positions"`` (max(L, S)), ``"batch"``; the library's factories and
-    :func:`and_masks` / :func:`or_masks` set it."""
+    :func:`and_masks` / :func:`or_masks` set it.
+
+    Raises:
+        TypeError: ``mod`` is neither callable nor None, ``B``/``H``/``L``/``S`` not ints or ``device`` not a
+            ``torch.device``.
+        ValueError: ``B``/``H``/``L``/``S`` below 0, or a captured tensor as above."""
+    if mod is not None and not callable(mod):
+        raise TypeError(f"mod must be a mask or score mod (a callable) or None, got {type(mod).__name__} "
+                        f"{short_repr(mod)}")
+    if not torch.compiler.is_compiling():  # traced sizes may be symbolic: the eager call checked them
+        for value, name in ((B, "B"), (H, "H"), (L, "L"), (S, "S")):
+            check_int(value, name, low=0)
+    if not isinstance(device, torch.device):
+        raise TypeError(f"device must be a torch.device (the query's), got {type(device).__name__} "
+                        f"{short_repr(device)}")
     needs = {"heads": (H, "query heads"), "positions": (max(L, S), "positions (max(L, S))"),
              "batch": (B, "batch rows")}
     for owner, name, t, dim, over in getattr(mod, "flex_captures", ()):

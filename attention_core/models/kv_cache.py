@@ -42,7 +42,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from attention_core import mask_mods
-from attention_core._checks import check_instance, check_positive_int, check_tensor
+from attention_core._checks import check_instance, check_int, check_positive_int, check_tensor
 from attention_core.positional import RotaryEmbedding, _rotate, rotary_angles
 
 __all__ = ["CacheSnapshot", "KVCache", "cached_causal_mask", "decode_mask", "decode_mask_mod", "left_padding",
@@ -273,17 +273,22 @@ class KVCache:
 
     def state(self, layer: int) -> Any:
         """The recurrent state layer ``layer`` holds (``None`` before its first token)."""
-        return self._states[layer]
+        return self._states[self._layer(layer)]
 
     def set_state(self, layer: int, state: Any) -> None:
         """Replace layer ``layer``'s recurrent state (a new object: a snapshot keeps a reference to the old one)."""
+        layer = self._layer(layer)
         if not self.recurrent[layer]:
             raise ValueError(f"layer {layer} holds keys and values, not a recurrent state")
         self._states[layer] = state
 
     def held(self, layer: int) -> int:
         """Tokens layer ``layer`` holds now (fewer than ``len(cache)`` for a layer that rolls alone)."""
-        return self._len[layer]
+        return self._len[self._layer(layer)]
+
+    def _layer(self, layer: object) -> int:
+        """``layer`` if it is an int in [0, num_layers), else ``TypeError``/``ValueError`` naming it."""
+        return check_int(layer, "layer", low=0, high=self.num_layers, high_open=True, note="(num_layers)")
 
     @property
     def keys(self) -> List[Optional[torch.Tensor]]:
@@ -327,6 +332,7 @@ class KVCache:
 
     def positions(self, L: int, device: Optional[torch.device] = None) -> torch.Tensor:
         """Positions of the next ``L`` tokens: (L,), or (B, L) with left padding (padding rows clamped to 0)."""
+        L = check_positive_int(L, "L", allow_zero=True)
         pos = torch.arange(self.seen, self.seen + L, device=device)  # (L,)
         if self.pad is None:
             return pos
@@ -335,13 +341,19 @@ class KVCache:
     # -- writing
 
     def check_room(self, L: int) -> None:
-        """Raise ``ValueError`` if a call of ``L`` tokens needs more slots than a static cache has."""
+        """Raise ``ValueError`` if a call of ``L`` tokens needs more slots than a static cache has (or ``L`` is not an
+        int >= 0)."""
+        L = check_positive_int(L, "L", allow_zero=True)
         if self.max_len is not None and len(self) + L > self.max_len:
             raise ValueError(f"the cache holds {len(self)} tokens and the call adds L = {L}: "
                              f"{len(self) + L} slots, but it was built with max_len = {self.max_len}")
 
     def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Write a layer's new keys and values (B, H_kv, L, E) after its cached ones; return all of them (views)."""
+        layer = self._layer(layer)
+        for name, t in (("key", key), ("value", value)):
+            if check_tensor(t, name).dim() != 4:
+                raise ValueError(f"{name} must be (B, H_kv, L, E), got shape {tuple(t.shape)}")
         B, H, L, _ = key.shape
         n = self._len[layer]
         buf_k, buf_v = self._k[layer], self._v[layer]
@@ -373,11 +385,20 @@ class KVCache:
 
     def set_padding(self, pad: Optional[torch.Tensor]) -> None:
         """Record the left padding of the first call's rows, (B,) int64 (an empty cache only)."""
+        if pad is not None and (check_tensor(pad, "pad").dim() != 1 or pad.dtype.is_floating_point
+                                or pad.is_complex() or pad.dtype == torch.bool):
+            raise ValueError(f"pad must be a (B,) integer tensor of left-padding counts, got {pad.dtype} of shape "
+                             f"{tuple(pad.shape)}")
         self.pad = None if pad is None else pad.to(torch.long)
         self._pad0 = self.pad
 
     def step_done(self, new_tokens: int) -> None:
-        """Count ``new_tokens`` as seen and evict what no later query will see (rolling cache only)."""
+        """Count ``new_tokens`` as seen and evict what no later query will see (rolling cache only).
+
+        Raises:
+            TypeError, ValueError: ``new_tokens`` is not an int >= 0 (nothing is counted).
+        """
+        new_tokens = check_positive_int(new_tokens, "new_tokens", allow_zero=True)
         self.seen += new_tokens
         if self.layer_windows is not None:
             for layer, w in enumerate(self.layer_windows):

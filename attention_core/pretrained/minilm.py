@@ -121,6 +121,10 @@ class MiniLM(nn.Module):
     """
 
     def __init__(self, model: BertEncoder, tokenizer: object) -> None:
+        check_instance(model, BertEncoder, "model", "a BertEncoder (load_minilm builds one)")
+        if not all(callable(getattr(tokenizer, m, None)) for m in ("encode_batch", "id_to_token")):
+            raise TypeError(f"tokenizer must be a tokenizers.Tokenizer (with encode_batch and id_to_token; load_minilm "
+                            f"reads one), got {type(tokenizer).__name__} {short_repr(tokenizer)}")
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer

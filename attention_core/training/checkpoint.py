@@ -247,7 +247,20 @@ def _entry_problems(entry: object) -> List[str]:
 
 def record_in_manifest(directory: PathLike, name: str, entry: Dict[str, Any]) -> None:
     """Set ``name``'s entry in the folder's manifest, under a file lock: several processes may train different
-    recipes into one folder at the same time, and each re-reads the manifest before writing it."""
+    recipes into one folder at the same time, and each re-reads the manifest before writing it.
+
+    Raises:
+        TypeError: ``name`` is not a str or ``entry`` is not a dict (checked before anything is written).
+        ValueError: ``name`` is empty.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a non-empty str (the recipe's name), got {type(name).__name__} "
+                        f"{short_repr(name)}")
+    if not name:
+        raise ValueError("name must be a non-empty str (the recipe's name), got ''")
+    if not isinstance(entry, dict):
+        raise TypeError(f"entry must be a dict (the manifest entry of {name!r}), got {type(entry).__name__} "
+                        f"{short_repr(entry)}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     lock = os.open(directory, os.O_RDONLY)  # the folder is the lock: the manifest file itself gets replaced

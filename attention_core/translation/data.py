@@ -85,7 +85,12 @@ class Vocab:
         return f"Vocab({len(self)} tokens: {' '.join(self.itos[:8])} ...)"
 
     def encode(self, tokens: Sequence[str]) -> List[int]:
-        """Token ids; unknown tokens map to ``<unk>``."""
+        """Token ids; unknown tokens map to ``<unk>``.
+
+        Raises:
+            TypeError: ``tokens`` is not a list of str tokens (a str is refused: split it into tokens first).
+        """
+        _check_tokens(tokens, "tokens")
         return [self.stoi.get(t, UNK_ID) for t in tokens]
 
     def decode(self, ids: Sequence[int]) -> List[str]:
@@ -165,6 +170,7 @@ class NumberWords:
 
     def number(self, rng: random.Random) -> int:
         """Draw one number: digit count uniform in ``1..max_digits``, then the digits."""
+        check_instance(rng, random.Random, "rng", "a random.Random")
         d = rng.randint(1, self.max_digits)
         if d == 1:
             return rng.randint(0, 9)
@@ -174,19 +180,25 @@ class NumberWords:
         return int("".join(map(str, digits)))
 
     def pair(self, rng: random.Random) -> Pair:
-        """One ``(source words, target digits)`` example."""
+        """One ``(source words, target digits)`` example (``rng`` is checked by :meth:`number`, its first use)."""
         n = self.number(rng)
         use_and = rng.random() < self.and_prob
         return number_to_words(n, use_and), list(str(n))
 
     def sample(self, n: int, seed: int) -> List[Pair]:
         """``n`` examples, the same for the same ``seed`` (Python's ``random.Random``)."""
+        check_int(n, "n", low=0, note="(examples)")
+        check_int(seed, "seed")
         rng = random.Random(seed)
         return [self.pair(rng) for _ in range(n)]
 
     def stream(self, batch_size: int, seed: int) -> Iterator[Batch]:
-        """An endless iterator of freshly generated, collated batches."""
-        rng = random.Random(seed)
+        """An endless iterator of freshly generated, collated batches (its arguments are checked at the call)."""
+        check_int(batch_size, "batch_size", low=1)
+        check_int(seed, "seed")
+        return self._batches(batch_size, random.Random(seed))
+
+    def _batches(self, batch_size: int, rng: random.Random) -> Iterator[Batch]:
         while True:
             yield collate([self.pair(rng) for _ in range(batch_size)], self.src_vocab, self.tgt_vocab)
 

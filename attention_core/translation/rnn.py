@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attention_core._checks import check_bool_flag, check_instance, check_int, check_positive_int, fmt_shape
+from attention_core._checks import check_bool_flag, check_instance, check_int, check_positive_int, fmt_shape, short_repr
 from attention_core.masks import padding_mask
 from attention_core.models.rnn_attention import AdditiveAttention, LuongAttention
 from attention_core.training.modes import eval_mode
@@ -69,6 +69,20 @@ class SourceEncoding:
     mask: torch.Tensor
 
 
+def _check_ids(x: object, name: str, high: int, *, rank: int, layout: str, low: int = 0,
+               kinds: Tuple[torch.dtype, ...] = (torch.int64, torch.int32, torch.int16, torch.int8)) -> None:
+    """Raise ``TypeError`` unless ``x`` is an integer tensor, ``ValueError`` unless it has ``rank`` dimensions and
+    its entries lie in ``[low, high)`` (one min/max over it)."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in kinds:
+        what = f"{x.dtype} tensor" if isinstance(x, torch.Tensor) else f"{type(x).__name__} {short_repr(x)}"
+        raise TypeError(f"{name} must be an integer tensor {layout} ({', '.join(map(str, kinds))}), got {what}")
+    if x.dim() != rank:
+        raise ValueError(f"{name} must be {layout}, got shape {fmt_shape(x.shape)}")
+    if x.numel() and (int(x.min()) < low or int(x.max()) >= high):
+        raise ValueError(f"{name} must hold values in [{low}, {high - 1}], got min {int(x.min())}, "
+                         f"max {int(x.max())}")
+
+
 class Encoder(nn.Module):
     """Embedding + (bidirectional) GRU over padded sources; padding never enters the final state.
 
@@ -89,8 +103,19 @@ class Encoder(nn.Module):
         self.output_dim = hidden_dim * (2 if bidirectional else 1)
 
     def forward(self, src: torch.Tensor, src_valid_lens: torch.Tensor) -> SourceEncoding:
-        """Encode (B, S) ids whose first ``src_valid_lens[b]`` entries are real."""
+        """Encode (B, S) ids whose first ``src_valid_lens[b]`` entries are real.
+
+        Raises:
+            TypeError: ``src`` or ``src_valid_lens`` is not an integer tensor.
+            ValueError: ``src`` is not (B, S), ``src_valid_lens`` not (B,), a length outside ``1..S`` or an id
+                outside ``0..vocab_size - 1``.
+        """
+        _check_ids(src, "src", self.embedding.num_embeddings, rank=2, layout="(B, S)", kinds=(torch.int64, torch.int32))
         B, S = src.shape
+        _check_ids(src_valid_lens, "src_valid_lens", S + 1, rank=1, layout=f"(B,) = ({B},)", low=1)
+        if src_valid_lens.shape[0] != B:
+            raise ValueError(f"src_valid_lens must be (B,) = ({B},) lengths, got shape "
+                             f"{fmt_shape(src_valid_lens.shape)}")
         packed = pack_padded_sequence(self.embedding(src), src_valid_lens.cpu(), batch_first=True,
                                       enforce_sorted=False)
         out, h_n = self.rnn(packed)  # h_n: (directions, B, H)
