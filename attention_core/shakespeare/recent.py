@@ -368,8 +368,7 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
         "machine": "CPU, one thread (OMP_NUM_THREADS=1), shared with other work: times are noisy",
         "runs": {}, "summary": {},
     }
-    recorded = _recorded_runs(out, base) if reuse else {}
-    before = _recorded_high_lr(out, base) if reuse else None  # read before this run rewrites results.json
+    recorded, before = _recorded(out, base) if reuse else ({}, None)
     for variant in variants:
         runs = []
         for seed in seeds:
@@ -411,27 +410,20 @@ def run_comparison(out: Path, base: RecentRecipe = BASE, seeds: Sequence[int] = 
     return results
 
 
-def _recorded_runs(out: Path, base: RecentRecipe) -> Dict[Tuple[str, int], Dict[str, Any]]:
-    """(variant, seed) -> the run ``out/results.json`` records, when it was made from ``base`` and its checkpoint
-    is still the one the manifest names (sha256); empty when there is no such file."""
+def _recorded(out: Path, base: RecentRecipe) -> Tuple[Dict[Tuple[str, int], Dict[str, Any]], Optional[Dict[str, Any]]]:
+    """What ``out/results.json`` records for ``base`` (read once, before a run rewrites it): (variant, seed) -> the
+    run, for each run whose checkpoint is still the one the manifest names (sha256), and the high-rate study (or
+    None); nothing when there is no such file or it was made from another recipe."""
     path = out / "results.json"
     if not path.is_file():
-        return {}
+        return {}, None
     old = json.loads(path.read_text(encoding="utf-8"))
     if old.get("base_recipe") != asdict(base):
-        return {}
+        return {}, None
     manifest = read_manifest(out)
-    return {(variant, r["seed"]): r for variant, runs in old.get("runs", {}).items() for r in runs
+    runs = {(variant, r["seed"]): r for variant, rs in old.get("runs", {}).items() for r in rs
             if manifest.get(f"recent_{variant}_s{r['seed']}", {}).get("sha256") == r.get("sha256")}
-
-
-def _recorded_high_lr(out: Path, base: RecentRecipe) -> Optional[Dict[str, Any]]:
-    """The high-rate study ``out/results.json`` records for ``base``, or None."""
-    path = out / "results.json"
-    if not path.is_file():
-        return None
-    old = json.loads(path.read_text(encoding="utf-8"))
-    return old.get("high_lr") if old.get("base_recipe") == asdict(base) else None
+    return runs, old.get("high_lr")
 
 
 def _write(out: Path, results: Dict[str, Any]) -> None:
