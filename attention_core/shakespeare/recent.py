@@ -503,7 +503,8 @@ def print_table(results: Dict[str, Any]) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """``python -m attention_core.shakespeare.recent [--smoke] [--out DIR]``: train, measure, write, print."""
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--out", default=str(RECENT_DIR), help="folder of the checkpoints, manifest and results")
+    parser.add_argument("--out", default=None,
+                        help="folder of the checkpoints, manifest and results (default: recent/, or recent_sink/)")
     parser.add_argument("--smoke", action="store_true", help="every step in seconds (3 steps, 1 seed): a test")
     parser.add_argument("--progress", action="store_true", help="progress bars")
     parser.add_argument("--high-lr-only", action="store_true",
@@ -515,12 +516,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--sink-scale", action="store_true",
                         help="the sink study: SINK_VARIANTS at the sink recipe's scale (default out: recent_sink/)")
     args = parser.parse_args(argv)
+    out = Path(args.out) if args.out is not None else (RECENT_SINK_DIR if args.sink_scale else RECENT_DIR)
     if args.sink_scale and args.high_lr_only:
         parser.error("--sink-scale has no high learning-rate study; drop --high-lr-only")
     torch.set_num_threads(1)
     command = "OMP_NUM_THREADS=1 python -m attention_core.shakespeare.recent" + (" --smoke" if args.smoke else "")
     if args.high_lr_only:
-        out = Path(args.out)
         results = json.loads((out / "results.json").read_text(encoding="utf-8"))
         corpus = load_corpus()
         base = replace(BASE, steps=3, warmup=1) if args.smoke else BASE
@@ -532,19 +533,18 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         print_table(results)
         return results
     if args.sink_scale:
-        out = Path(args.out) if args.out != str(RECENT_DIR) else RECENT_SINK_DIR
         base = replace(SINK_BASE, steps=3, warmup=1) if args.smoke else SINK_BASE
         results = run_comparison(out, base, seeds=(0,) if args.smoke else SINK_SEEDS, variants=SINK_VARIANTS,
                                  high_lrs=(), val_blocks=4 if args.smoke else VAL_BLOCKS,
                                  decode_tokens=2 if args.smoke else 64, command=command + " --sink-scale",
                                  show_progress=args.progress)
     elif args.smoke:
-        results = run_comparison(Path(args.out), replace(BASE, steps=3, warmup=1), seeds=(0,), high_lrs=(1e-2, 3.0),
+        results = run_comparison(out, replace(BASE, steps=3, warmup=1), seeds=(0,), high_lrs=(1e-2, 3.0),
                                  val_blocks=4, decode_tokens=2, command=command)
     else:
         if args.seeds != list(SEEDS) or args.reuse:
             command += " --seeds " + " ".join(map(str, args.seeds)) + (" --reuse" if args.reuse else "")
-        results = run_comparison(Path(args.out), seeds=tuple(args.seeds), command=command,
+        results = run_comparison(out, seeds=tuple(args.seeds), command=command,
                                  show_progress=args.progress, reuse=args.reuse)
     print_table(results)
     return results
