@@ -4,8 +4,10 @@ Each rank starts with its shard of the sequence for all H heads. An all-to-all g
 for the *whole* sequence; it runs ordinary attention on them (the library's ``scaled_dot_product_attention``,
 with the kernel ``backend=`` names); a last all-to-all on the output gives every rank its shard of the sequence
 back, all heads. The paper counts two all-to-alls per layer, q, k and v together in the first; this code makes
-four ``all_to_all_single`` calls in the forward pass, one each for q, k, v and the output (the same bytes as
-the paper's two), and their mirror images in the backward. P cannot exceed the number of key/value heads: every
+four all-to-alls in the forward pass, one each for q, k, v and the output (the same bytes as the paper's two),
+and their mirror images in the backward; each is a batch of point-to-point messages, one to and one from every
+other rank (how NCCL runs an all-to-all; with gloo, a rank's memory then does not depend on when a worker thread
+lets go of the collective's buffers). P cannot exceed the number of key/value heads: every
 rank needs whole heads.
 """
 
@@ -26,11 +28,22 @@ __all__ = ["ulysses_attention", "ulysses_bytes"]
 
 
 def _all_to_all(send: torch.Tensor, send_sizes: List[int], recv_sizes: List[int], group, stats) -> torch.Tensor:
+    """``all_to_all_single`` made of point-to-point messages, one to and one from each other rank (as NCCL runs an
+    all-to-all). Gloo's ``all_to_all_single`` keeps its tensors on a worker thread after ``wait()`` returns and
+    drops them there a moment later, so the memory a rank holds at a given step would depend on thread timing;
+    point-to-point requests let go of theirs when they are waited for."""
+    rank, P = dist.get_rank(group), len(send_sizes)
     recv = send.new_empty(sum(recv_sizes))
     start = stats.now() if stats is not None else 0.0
-    dist.all_to_all_single(recv, send, output_split_sizes=recv_sizes, input_split_sizes=send_sizes, group=group)
+    sends, recvs = send.split(send_sizes), recv.split(recv_sizes)
+    recvs[rank].copy_(sends[rank])  # the share this rank keeps
+    peer = (lambda j: j) if group is None else (lambda j: dist.get_global_rank(group, j))
+    others = [j for j in range(P) if j != rank]
+    ops = [dist.P2POp(dist.isend, sends[j], peer(j), group) for j in others if send_sizes[j]]
+    ops += [dist.P2POp(dist.irecv, recvs[j], peer(j), group) for j in others if recv_sizes[j]]
+    for request in dist.batch_isend_irecv(ops) if ops else []:
+        request.wait()
     if stats is not None:
-        rank = dist.get_rank(group)
         stats.bytes_sent += (sum(send_sizes) - send_sizes[rank]) * send.element_size()
         stats.events.append(("comm", start, stats.now()))
     return recv
