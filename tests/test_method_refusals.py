@@ -37,21 +37,27 @@ def _raises(call, exc, *words):
     ("x", "bad", TypeError, ("entry", "'bad'")),
     ("y", -3, TypeError, ("entry", "-3")),
     ("z", ["a"], TypeError, ("entry", "list")),
+    ("w", {}, ValueError, ("'w'", "lacks 'file'", "lacks 'recipe'")),
+    ("w", {"file": "w.pt"}, ValueError, ("lacks 'recipe'",)),
+    ("w", {"recipe": {}}, ValueError, ("lacks 'file'",)),
+    ("w", {"file": 3, "recipe": {}}, ValueError, ("'file' = 3",)),
+    ("w", {"file": "w.pt", "recipe": "r"}, ValueError, ("'recipe' = 'r'",)),
+    ("w", {"file": "w.pt", "recipe": {}, "sha256": 5}, ValueError, ("'sha256' = 5",)),
 ])
 def test_record_in_manifest_refuses_before_writing(tmp_path, name, entry, exc, words):
-    record_in_manifest(tmp_path, "kept", {"file": "kept.pt"})
+    record_in_manifest(tmp_path, "kept", {"file": "kept.pt", "recipe": {}})
     before = (tmp_path / "manifest.json").read_text()
     _raises(lambda: record_in_manifest(tmp_path, name, entry), exc, *words)
     assert (tmp_path / "manifest.json").read_text() == before  # nothing written
-    assert json.loads(before) == {"kept": {"file": "kept.pt"}}
+    assert json.loads(before) == {"kept": {"file": "kept.pt", "recipe": {}}}
     fresh = tmp_path / "fresh"
     _raises(lambda: record_in_manifest(fresh, name, entry), exc, *words)
     assert not fresh.exists()  # not even the folder
 
 
 def test_record_in_manifest_still_records(tmp_path):
-    record_in_manifest(tmp_path, "a", {"file": "a.pt", "sha256": None})
-    assert json.loads((tmp_path / "manifest.json").read_text()) == {"a": {"file": "a.pt", "sha256": None}}
+    record_in_manifest(tmp_path, "a", {"file": "a.pt", "sha256": None, "recipe": {"steps": 3}})
+    assert read_manifest(tmp_path) == {"a": {"file": "a.pt", "sha256": None, "recipe": {"steps": 3}}}
 
 
 # ------------------------------------------------------------------ MiniLM
@@ -197,6 +203,23 @@ def test_vocab_encode_refuses_a_string(tokens, words):
 ])
 def test_number_words_methods_refuse_by_name(method, args, exc, words):
     _raises(lambda: getattr(NumberWords(), method)(*args), exc, *words)  # stream: at the call, not on next()
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(zero_prob="0.5"), TypeError, ("zero_prob", "'0.5'")),
+    (dict(zero_prob=True), TypeError, ("zero_prob", "bool")),
+    (dict(and_prob=None), TypeError, ("and_prob", "None")),
+    (dict(and_prob=1.5), ValueError, ("and_prob", "1.5")),
+    (dict(zero_prob=-0.1), ValueError, ("zero_prob", "-0.1")),
+    (dict(zero_prob=float("nan")), ValueError, ("zero_prob", "nan")),
+])
+def test_number_words_refuses_a_probability_that_is_not_one(kwargs, exc, words):
+    _raises(lambda: NumberWords(**kwargs), exc, *words)
+
+
+def test_vocab_decode_reads_unknown_ids_as_unk():
+    vocab = Vocab(["one", "two"])
+    assert vocab.decode([1, 4, 5, 99, -1, 0, 2, 4]) == ["one", "two", "<unk>", "<unk>"]
 
 
 def test_number_words_valid_calls_unchanged():

@@ -72,7 +72,7 @@ def test_task_is_seeded_and_covers_every_length() -> None:
 def test_task_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match=r"^max_digits must be .*, got 13$"):
         NumberWords(max_digits=13)
-    with pytest.raises(ValueError, match="zero_prob must be a probability"):
+    with pytest.raises(ValueError, match=r"^zero_prob must be a float in \[0.0, 1.0\], got 1.5$"):
         NumberWords(zero_prob=1.5)
 
 

@@ -251,7 +251,8 @@ def record_in_manifest(directory: PathLike, name: str, entry: Dict[str, Any]) ->
 
     Raises:
         TypeError: ``name`` is not a str or ``entry`` is not a dict (checked before anything is written).
-        ValueError: ``name`` is empty.
+        ValueError: ``name`` is empty, or ``entry`` is not one :func:`read_manifest` would accept: it must have
+            ``"file"`` (a str) and ``"recipe"`` (a dict), and ``"sha256"``, if present, must be a str or None.
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a non-empty str (the recipe's name), got {type(name).__name__} "
@@ -261,6 +262,10 @@ def record_in_manifest(directory: PathLike, name: str, entry: Dict[str, Any]) ->
     if not isinstance(entry, dict):
         raise TypeError(f"entry must be a dict (the manifest entry of {name!r}), got {type(entry).__name__} "
                         f"{short_repr(entry)}")
+    problems = _entry_problems(entry)
+    if problems:
+        raise ValueError(f"entry for {name!r} {'; '.join(problems)} (expected 'file' a str, 'sha256' a str or null, "
+                         "'recipe' a dict): read_manifest would refuse the manifest")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     lock = os.open(directory, os.O_RDONLY)  # the folder is the lock: the manifest file itself gets replaced

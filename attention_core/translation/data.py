@@ -32,7 +32,7 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
-from attention_core._checks import check_instance, check_int, check_tensor, fmt_shape, short_repr
+from attention_core._checks import check_instance, check_int, check_real, check_tensor, fmt_shape, short_repr
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS: Tuple[str, ...] = (PAD, BOS, EOS, UNK)
@@ -94,7 +94,8 @@ class Vocab:
         return [self.stoi.get(t, UNK_ID) for t in tokens]
 
     def decode(self, ids: Sequence[int]) -> List[str]:
-        """Tokens up to the first ``<eos>``, without ``<pad>`` and ``<bos>``."""
+        """Tokens up to the first ``<eos>``, without ``<pad>`` and ``<bos>``; an id outside ``0 .. len(self) - 1``
+        (a model's output over a larger vocabulary, say) decodes to ``<unk>``. Its argument is not checked."""
         out = []
         for i in ids:
             i = int(i)
@@ -157,9 +158,8 @@ class NumberWords:
 
     def __init__(self, max_digits: int = 12, zero_prob: float = 0.25, and_prob: float = 0.5) -> None:
         check_int(max_digits, "max_digits", low=1, high=MAX_DIGITS)
-        for name, p in (("zero_prob", zero_prob), ("and_prob", and_prob)):
-            if not 0.0 <= p <= 1.0:
-                raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
+        zero_prob = check_real(zero_prob, "zero_prob", low=0.0, high=1.0)  # a probability; a bool is refused
+        and_prob = check_real(and_prob, "and_prob", low=0.0, high=1.0)
         self.max_digits, self.zero_prob, self.and_prob = max_digits, zero_prob, and_prob
         self.src_vocab = Vocab([*ONES, *TENS[2:], "hundred", *SCALES[1:], "and", "-"])
         self.tgt_vocab = Vocab([str(d) for d in range(10)])
