@@ -374,13 +374,16 @@ def test_the_ring_forward_holds_at_most_two_key_value_blocks() -> None:
     assert launch.run(checks.forward_block_buffers, 3, case) == [2, 2, 2]
 
 
-def _all_to_all_leftovers(rank: int, world_size: int, n: int) -> int:
-    """How many of ``n`` of Ulysses' all-to-alls left their send or receive buffer alive after returning it."""
+def _leftovers(rank: int, world_size: int, n: int) -> dict:
+    """How many of ``n`` calls of Ulysses' all-to-all and of ``gather_shapes`` left a buffer alive after they
+    returned (the all-to-all's send and receive buffers; every tensor gather_shapes made)."""
     import weakref
 
     from attention_core.distributed import ulysses
+    from attention_core.distributed.layout import gather_shapes
+    from attention_core.distributed.measure import PeakTensorMemory
 
-    late = 0
+    late = {"all_to_all": 0, "gather_shapes": 0}
     for _ in range(n):
         send = torch.randn(world_size * 257)
         dead = []
@@ -388,15 +391,22 @@ def _all_to_all_leftovers(rank: int, world_size: int, n: int) -> int:
         recv = ulysses._all_to_all(send, [257] * world_size, [257] * world_size, None, None)
         weakref.finalize(recv, dead.append, "recv")
         del send, recv
-        late += len(dead) < 2
+        late["all_to_all"] += len(dead) < 2
+    x = torch.zeros(2, 3)
+    with PeakTensorMemory():  # the first call under the mode leaves two tensors in a reference cycle, every time
+        gather_shapes([x])
+    for _ in range(n // 5):  # each measurement starts with a full collection (half a second)
+        with PeakTensorMemory() as mem:  # it counts the tensors made inside and drops each when it dies
+            gather_shapes([x])
+        late["gather_shapes"] += mem.current != 0
     return late
 
 
-def test_ulysses_all_to_all_lets_go_of_its_buffers_when_it_returns() -> None:
-    """A rank's memory must not depend on thread timing: gloo's all_to_all_single kept its buffers on a worker
-    thread after wait() and dropped them there later (1 in 6 calls here), so a Ulysses rank's peak changed from
-    run to run. Point-to-point requests free theirs when waited for: no call may leave one behind."""
-    assert launch.run(_all_to_all_leftovers, 3, 60) == [0, 0, 0]
+def test_collectives_let_go_of_their_buffers_when_they_return() -> None:
+    """A rank's memory must not depend on thread timing: gloo's all_to_all_single and all_gather kept their
+    buffers on a worker thread after wait() and dropped them there later (1 call in 6 here), so a rank's peak
+    changed from run to run. Point-to-point requests are let go of by the calling thread: no call may leave one."""
+    assert launch.run(_leftovers, 3, 60) == [{"all_to_all": 0, "gather_shapes": 0}] * 3
 
 
 def test_a_child_error_comes_back_with_its_traceback() -> None:

@@ -99,6 +99,21 @@ def group_info(group: Optional[dist.ProcessGroup] = None) -> Tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def exchange(sends: List[torch.Tensor], recvs: List[torch.Tensor], group: Optional[dist.ProcessGroup] = None) -> None:
+    """Send ``sends[j]`` to rank ``j`` of ``group`` and receive ``recvs[j]`` from it, for every other rank ``j``, as
+    one batch of point-to-point messages (empty tensors travel as no message; this rank's own entries are left
+    alone). Gloo's collectives (``all_gather``, ``all_to_all_single``) keep their buffers on a worker thread after
+    ``wait()`` returns and let go of them there a moment later, so the memory a rank holds at a given step would
+    depend on thread timing; here the calling thread lets go of every buffer when the function returns."""
+    rank, P = group_info(group)
+    peer = (lambda j: j) if group is None else (lambda j: dist.get_global_rank(group, j))
+    others = [j for j in range(P) if j != rank]
+    ops = [dist.P2POp(dist.isend, sends[j], peer(j), group) for j in others if sends[j].numel()]
+    ops += [dist.P2POp(dist.irecv, recvs[j], peer(j), group) for j in others if recvs[j].numel()]
+    for request in dist.batch_isend_irecv(ops) if ops else []:
+        request.wait()
+
+
 def _check_dim(x: torch.Tensor, dim: int, name: str) -> int:
     """``dim`` as a non-negative index of one of ``x``'s dims (a 0-d tensor has none to split: ValueError)."""
     check_tensor(x, name)
@@ -163,7 +178,8 @@ MAX_DIMS = 16
 
 def gather_shapes(tensors: List[torch.Tensor], group: Optional[dist.ProcessGroup] = None) -> List[list]:
     """Every rank's shapes of ``tensors`` (the same number of tensors on each rank), in one all-gather of a
-    fixed-size message: per tensor, its number of dims, then its sizes, padded with -1.
+    fixed-size message (point-to-point messages, :func:`exchange`): per tensor, its number of dims, then its
+    sizes, padded with -1.
 
     Raises ``ValueError`` on every rank alike (each sees every rank's message) when any rank's tensor has more
     than :data:`MAX_DIMS` dims.
@@ -180,9 +196,9 @@ def gather_shapes(tensors: List[torch.Tensor], group: Optional[dist.ProcessGroup
         flat += [t.dim(), *sizes] + [-1] * (MAX_DIMS - len(sizes))
     dev = tensors[0].device  # NCCL gathers GPU tensors, gloo CPU ones: the shapes travel with the data
     mine = torch.tensor(flat, dtype=torch.long, device=dev).view(len(tensors), width)
-    _, P = group_info(group)
-    everyone = [torch.empty_like(mine) for _ in range(P)]
-    dist.all_gather(everyone, mine, group=group)
+    rank, P = group_info(group)
+    everyone = [mine if r == rank else torch.empty_like(mine) for r in range(P)]
+    exchange([mine] * P, everyone, group)
     rows = [e.tolist() for e in everyone]  # (P, len(tensors), width)
     too_many = [(r, row[0]) for r, e in enumerate(rows) for row in e if row[0] > MAX_DIMS]
     if too_many:

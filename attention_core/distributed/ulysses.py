@@ -6,9 +6,9 @@ with the kernel ``backend=`` names); a last all-to-all on the output gives every
 back, all heads. The paper counts two all-to-alls per layer, q, k and v together in the first; this code makes
 four all-to-alls in the forward pass, one each for q, k, v and the output (the same bytes as the paper's two),
 and their mirror images in the backward; each is a batch of point-to-point messages, one to and one from every
-other rank (how NCCL runs an all-to-all; with gloo, a rank's memory then does not depend on when a worker thread
-lets go of the collective's buffers). P cannot exceed the number of key/value heads: every
-rank needs whole heads.
+other rank (the way NCCL's point-to-point guide writes an all-to-all; with gloo, a rank's memory then does not
+depend on when a worker thread lets go of a collective's buffers). P cannot exceed the number of key/value heads:
+every rank needs whole heads.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from attention_core._checks import check_bool_flag
 from attention_core.backends import get_backend
-from attention_core.distributed.layout import local_lengths, positions
+from attention_core.distributed.layout import exchange, local_lengths, positions
 from attention_core.distributed.ring import CommStats, check_byte_counts, check_options, check_shards
 from attention_core.functional import scaled_dot_product_attention
 
@@ -28,21 +28,14 @@ __all__ = ["ulysses_attention", "ulysses_bytes"]
 
 
 def _all_to_all(send: torch.Tensor, send_sizes: List[int], recv_sizes: List[int], group, stats) -> torch.Tensor:
-    """``all_to_all_single`` made of point-to-point messages, one to and one from each other rank (as NCCL runs an
-    all-to-all). Gloo's ``all_to_all_single`` keeps its tensors on a worker thread after ``wait()`` returns and
-    drops them there a moment later, so the memory a rank holds at a given step would depend on thread timing;
-    point-to-point requests let go of theirs when they are waited for."""
-    rank, P = dist.get_rank(group), len(send_sizes)
+    """``all_to_all_single`` as one batch of point-to-point messages, one to and one from each other rank
+    (:func:`~attention_core.distributed.layout.exchange`: the calling thread lets go of the buffers)."""
+    rank = dist.get_rank(group)
     recv = send.new_empty(sum(recv_sizes))
     start = stats.now() if stats is not None else 0.0
     sends, recvs = send.split(send_sizes), recv.split(recv_sizes)
     recvs[rank].copy_(sends[rank])  # the share this rank keeps
-    peer = (lambda j: j) if group is None else (lambda j: dist.get_global_rank(group, j))
-    others = [j for j in range(P) if j != rank]
-    ops = [dist.P2POp(dist.isend, sends[j], peer(j), group) for j in others if send_sizes[j]]
-    ops += [dist.P2POp(dist.irecv, recvs[j], peer(j), group) for j in others if recv_sizes[j]]
-    for request in dist.batch_isend_irecv(ops) if ops else []:
-        request.wait()
+    exchange(list(sends), list(recvs), group)
     if stats is not None:
         stats.bytes_sent += (sum(send_sizes) - send_sizes[rank]) * send.element_size()
         stats.events.append(("comm", start, stats.now()))
