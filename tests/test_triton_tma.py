@@ -238,3 +238,47 @@ def test_gpu_check_names_the_forward_kernel(tma) -> None:
     assert gpu_check.triton_forward_kernel("float32", 128, True, 256, device="cpu") == "pointer"
     tma.fake["capability"] = (8, 0)
     assert gpu_check.triton_forward_kernel("float16", 128, True, 256, device="cpu") == "pointer"
+
+
+# ------------------------------------------------------------------------------ 5. on a lent sm_90 GPU only
+
+sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                          reason="needs an sm_90 GPU (H100/H200)")
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dtype,Hq,H,L,S,E,is_causal", [
+    (torch.float16, 8, 8, 1024, 1024, 128, True),
+    (torch.bfloat16, 8, 8, 1024, 1024, 64, False),
+    (torch.float16, 8, 2, 512, 1536, 64, True),
+    (torch.bfloat16, 4, 4, 1536, 512, 128, True),
+])
+def test_gpu_tma_matches_the_pointer_kernel_and_the_reference(dtype, Hq, H, L, S, E, is_causal) -> None:
+    """On sm_90: routed, and out, lse and the gradients (triton_flash's backward) agree with the pointer kernel
+    and the float64 reference; the favoured candidate of the head dim only (no autotuning in a test)."""
+    from attention_core.backends import reference, triton_flash, triton_flash_tma
+
+    q, k, v = (torch.randn(2, h, n, E, device="cuda", dtype=dtype) for h, n in ((Hq, L), (H, S), (H, S)))
+    left, right = triton_flash.window_bounds(L, S, is_causal, None)
+    assert triton_flash_tma.use_tma(q, k, v, left, right)
+    out, lse = triton_flash_tma.flash_attention_forward_tma(q, k, v, E ** -0.5, is_causal,
+                                                           block=triton_flash_tma.CANDIDATES[E][0])
+    saved = triton_flash_tma.ENABLED
+    triton_flash_tma.ENABLED = False
+    try:
+        ptr_out, ptr_lse = triton_flash.flash_attention_forward(q, k, v, E ** -0.5, left, right)
+    finally:
+        triton_flash_tma.ENABLED = saved
+    mask = torch.ones(L, S, dtype=torch.bool, device="cuda").tril() if is_causal else None
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    ref = reference.attention(qd, kd, vd, mask, 0.0, False, E ** -0.5, Hq != H)
+    tol = 1e-2 if dtype == torch.float16 else 3e-2
+    assert torch.isfinite(out).all() and (out.double() - ref).norm() / ref.norm() < tol
+    assert (out.double() - ptr_out.double()).norm() / ptr_out.double().norm() < tol
+    assert (lse - ptr_lse).abs().max() < 1e-3
+    grad_out = torch.randn_like(out)
+    dq, dk, dv = triton_flash.flash_attention_backward(grad_out, q, k, v, out, lse, E ** -0.5, left, right)
+    ref.backward(grad_out.double())
+    for name, g, r in (("dq", dq, qd.grad), ("dk", dk, kd.grad), ("dv", dv, vd.grad)):
+        assert (g.double() - r).norm() / r.norm() < 2 * tol, name

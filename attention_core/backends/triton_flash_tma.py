@@ -209,26 +209,27 @@ def _descriptor(t: torch.Tensor, rows: int, box: Optional[int]) -> TensorDescrip
 
 
 def flash_attention_forward_tma(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
-                                is_causal: bool, *, block: Optional[Tuple[int, int]] = None
+                                is_causal: bool, *, block: Optional[Tuple[int, ...]] = None
                                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the TMA forward; returns ``out`` (B, Hq, L, E) and ``lse`` (B, Hq, L), float32, natural log.
 
     The inputs are those :func:`use_tma` accepts (on the CPU under ``TRITON_INTERPRET=1``: the same shapes,
-    with ``L``/``S`` multiples of the block). ``block``: ``(BLOCK_M, BLOCK_N)`` to launch one config without
-    autotuning (the interpreter needs one; default 64 x 64 there).
+    with ``L``/``S`` multiples of the block). ``block``: ``(BLOCK_M, BLOCK_N)`` or ``(BLOCK_M, BLOCK_N,
+    num_warps, num_stages)`` to launch one config without autotuning (the interpreter needs one: 64 x 64 by
+    default there; elsewhere 4 warps and 3 stages unless given).
     """
     B, Hq, L, E = query.shape
     H, S = key.shape[1], key.shape[2]
     if INTERPRET and block is None:
         block = (64, 64)
     if block is not None:
-        bm, bn = block
+        bm, bn, warps, stages = (tuple(block) + (4, 3))[:4]
         if L % bm or S % bn or (is_causal and bm % bn):
             raise ValueError(f"block {block} must divide L = {L} and S = {S} (and BLOCK_N divide BLOCK_M when "
                              "causal)")
     out = torch.empty((B, Hq, L, E), dtype=query.dtype, device=query.device)
     lse = torch.empty((B, Hq, L), dtype=torch.float32, device=query.device)
-    bm_box, bn_box = block if block is not None else (None, None)
+    bm_box, bn_box = (bm, bn) if block is not None else (None, None)
     desc_q = _descriptor(query, B * Hq * L, bm_box)
     desc_o = _descriptor(out, B * Hq * L, bm_box)
     desc_k = _descriptor(key, B * H * S, bn_box)
@@ -237,9 +238,9 @@ def flash_attention_forward_tma(query: torch.Tensor, key: torch.Tensor, value: t
             triton.next_power_of_2(L), triton.next_power_of_2(S))
     with torch.cuda.device(query.device) if query.is_cuda else _null():
         if block is not None:
-            _attn_fwd_tma[(L // block[0], B * Hq)](*args, E=E, IS_CAUSAL=is_causal, WARP_SPECIALIZE=False,
-                                                    BLOCK_M=block[0], BLOCK_N=block[1], num_warps=4,
-                                                    num_stages=1 if INTERPRET else 3)
+            _attn_fwd_tma[(L // bm, B * Hq)](*args, E=E, IS_CAUSAL=is_causal, WARP_SPECIALIZE=False,
+                                              BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                              num_stages=1 if INTERPRET else stages)
         else:
             _attn_fwd_tma_tuned[lambda meta: (L // meta["BLOCK_M"], B * Hq)](
                 *args, E=E, IS_CAUSAL=is_causal, WARP_SPECIALIZE=False)
