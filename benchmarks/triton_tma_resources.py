@@ -9,7 +9,11 @@ for the machine code), specialised as a launch on contiguous tensors is: the fou
 * ``wgmma_ptx`` (``wgmma.mma_async`` in the PTX) and ``hgmma`` (``HGMMA.`` in the SASS): Hopper's warpgroup
   tensor-core instructions;
 * ``tma_load_ptx`` / ``tma_store_ptx`` (``cp.async.bulk.tensor`` global -> shared / shared -> global in the
-  PTX) and ``utmaldg`` / ``utmastg`` (``UTMALDG`` / ``UTMASTG`` in the SASS): the TMA copies.
+  PTX) and ``utmaldg`` / ``utmastg`` (``UTMALDG`` / ``UTMASTG`` in the SASS): the TMA copies;
+* ``warp_specialize_ops``: ``ttg.warp_specialize`` regions in the TTGIR (0: no warp specialisation).
+
+``warp_specialize_probe``: a few shapes compiled again with ``WARP_SPECIALIZE=True``, to record whether
+Triton's Hopper warp-specialisation pass splits this loop (see :data:`WS_PROBES`).
 
 Launch shapes: float16 and bfloat16, E = 64 and 128, causal and not, L = S = 16384 and 4096 (B = 4, Hq = H = 8),
 each at every autotune candidate of its head dim (``triton_flash_tma.CANDIDATES``). Writes
@@ -158,15 +162,63 @@ def compile_job(job: tuple, warp_specialize: bool = False) -> dict:
     asm = {"ptx": compiled.asm["ptx"], "sass": sass}
     for name, (pattern, where) in _PATTERNS.items():
         row[name] = len(re.findall(pattern, asm[where]))
+    row["warp_specialize_ops"] = compiled.asm["ttgir"].count("ttg.warp_specialize")  # partitions made
     return row
+
+
+#: Launch shapes compiled once more with ``WARP_SPECIALIZE=True`` (``tl.range(..., warp_specialize=True)``):
+#: does Triton's Hopper pass partition this loop? (The tutorial turns it on in its tests on Blackwell only.)
+WS_PROBES = [("float16", 128, True, 16384, (128, 64, 8, 3)), ("float16", 128, True, 16384, (128, 32, 4, 3)),
+             ("float16", 64, False, 16384, (128, 64, 4, 3))]
+
+
+def warp_specialize_probe() -> list:
+    """Each probe compiled with warp specialisation on: its row (``warp_specialize_ops`` > 0 if the loop was
+    split into partitions), or the compiler's error."""
+    out = []
+    for job in WS_PROBES:
+        with tempfile.TemporaryFile(mode="w+") as log:  # the MLIR pass manager writes to file descriptor 2
+            sys.stderr.flush()
+            saved = os.dup(2)
+            os.dup2(log.fileno(), 2)
+            try:
+                row = compile_job(job, warp_specialize=True)
+            except Exception as err:  # noqa: BLE001 - recorded: the compiler refused
+                row = {"dtype": job[0], "E": job[1], "causal": job[2], "L": job[3], "BLOCK_M": job[4][0],
+                       "BLOCK_N": job[4][1], "num_warps": job[4][2], "num_stages": job[4][3],
+                       "error": f"{type(err).__name__}: {str(err).splitlines()[-1][:300] if str(err) else ''}"}
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            log.seek(0)
+            text = log.read()
+        if "error" in row:
+            failed = re.search(r"Pipeline failed while executing \[`(\w+)`", text)
+            first = re.search(r"(error: .*|Assertion .*)", text)
+            row["failed_pass"] = failed.group(1) if failed else None
+            row["first_message"] = first.group(1)[:300] if first else None
+        out.append(row)
+        print(f"[warp_specialize] {row}", flush=True)
+    return out
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--limit", type=int, default=None, help="compile only the first N launch shapes")
+    parser.add_argument("--probe-only", action="store_true",
+                        help="redo only the warp-specialisation probe of the existing report")
     args = parser.parse_args(argv)
     import triton
+
+    if args.probe_only:
+        report = json.loads(args.out.read_text())
+        if report["meta"]["kernel_fingerprint"] != kernel_fingerprint():
+            raise SystemExit("the report is of another kernel: regenerate it whole")
+        report["warp_specialize_probe"] = warp_specialize_probe()
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"updated the probe of {args.out}")
+        return 0
 
     todo = jobs()[:args.limit]
     rows = []
@@ -178,7 +230,7 @@ def main(argv=None) -> int:
                        "B": B, "Hq": H, "H": H, "date": datetime.date.today().isoformat(),
                        "what": "sm_90 compile of triton_flash_tma._attn_fwd_tma on a CPU (no GPU): ptxas -v, "
                                "PTX and cuobjdump -sass instruction counts; no timing"},
-              "rows": rows}
+              "rows": rows, "warp_specialize_probe": warp_specialize_probe()}
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out} ({len(rows)} rows)")
     return 0

@@ -170,7 +170,7 @@ print(json.dumps(out))
 """
 
 MEASURED = ("registers", "spill_stores", "spill_loads", "shared_bytes", "wgmma_ptx", "hgmma", "tma_load_ptx",
-            "tma_store_ptx", "utmaldg", "utmastg")
+            "tma_store_ptx", "utmaldg", "utmastg", "warp_specialize_ops")
 
 
 def _job(row: dict) -> list:
@@ -282,3 +282,19 @@ def test_gpu_tma_matches_the_pointer_kernel_and_the_reference(dtype, Hq, H, L, S
     ref.backward(grad_out.double())
     for name, g, r in (("dq", dq, qd.grad), ("dk", dk, kd.grad), ("dv", dv, vd.grad)):
         assert (g.double() - r).norm() / r.norm() < 2 * tol, name
+
+
+def test_warp_specialisation_probe_matches_the_docstring(report: dict) -> None:
+    """With ``WARP_SPECIALIZE=True`` Triton's sm_90 pass either fails or leaves the loop unsplit (the same numbers
+    as the launched code): the reason the kernel launches with it off. A Triton that splits the loop fails this
+    test, the signal to time the split version on a GPU."""
+    launched = {tuple(_job(r)[:4] + [tuple(_job(r)[4])]): r for r in report["rows"]}
+    probes = report["warp_specialize_probe"]
+    assert probes and any("error" not in p for p in probes)
+    for p in probes:
+        if "error" in p:
+            assert p["failed_pass"] == "NVGPUWarpSpecialization", p  # it failed there, not elsewhere
+            continue
+        assert p["warp_specialize_ops"] == 0, p
+        same = launched[tuple(_job(p)[:4] + [tuple(_job(p)[4])])]
+        assert {k: p[k] for k in MEASURED} == {k: same[k] for k in MEASURED}

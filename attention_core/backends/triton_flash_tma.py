@@ -11,10 +11,14 @@ tutorial does on Hopper:
   computing and issuing its own addresses;
 * the descriptors are made on the host (:class:`triton.tools.tensor_descriptor.TensorDescriptor`) over the
   tensors seen as 2-D ``(B * heads * N, E)`` matrices; an autotune ``pre_hook`` gives each its box shape
-  for the config being tried. (In-kernel descriptors, ``tl.make_tensor_descriptor``, would also need a
-  scratch allocator, ``triton.set_allocator``; the tutorial uses them on Hopper only with warp
-  specialisation, which its own tests enable on Blackwell only. This kernel has the loop flag,
-  ``WARP_SPECIALIZE``, and launches with it off.)
+  for the config being tried. (In-kernel descriptors, ``tl.make_tensor_descriptor``, also need a scratch
+  allocator, ``triton.set_allocator``; the tutorial makes them on Hopper only with warp specialisation.)
+
+Warp specialisation (``tl.range(..., warp_specialize=True)``; ``WARP_SPECIALIZE`` here) is launched off: the
+tutorial's own tests turn it on on Blackwell only, and Triton 3.9 compiling this kernel for sm_90 with it on
+either leaves the loop as it was (8 warps: no ``ttg.warp_specialize`` region, the same registers and
+instructions) or fails in its warp-specialisation pass (4 warps): the ``warp_specialize_probe`` of
+``benchmarks/results/triton_tma_resources.json``.
 
 Because a box never stops at a head's edge in that 2-D view, a tile must not straddle two heads: the kernel
 covers lengths ``L`` and ``S`` that are multiples of 128 (every tile), float16/bfloat16, ``E == Ev`` in
