@@ -13,14 +13,16 @@ for the machine code), specialised as a launch on contiguous tensors is: the fou
 * ``warp_specialize_ops``: ``ttg.warp_specialize`` regions in the TTGIR (0: no warp specialisation).
 
 ``warp_specialize_probe``: a few shapes compiled again with ``WARP_SPECIALIZE=True``, to record whether
-Triton's Hopper warp-specialisation pass splits this loop (see :data:`WS_PROBES`).
+Triton's Hopper warp-specialisation pass splits this loop (see :data:`WS_PROBES`). ``candidate_scan``: the
+tutorial's Hopper configuration space at float16, causal, L = 16384 (:data:`SCAN`), from which the candidates
+were picked.
 
 Launch shapes: float16 and bfloat16, E = 64 and 128, causal and not, L = S = 16384 and 4096 (B = 4, Hq = H = 8),
 each at every autotune candidate of its head dim (``triton_flash_tma.CANDIDATES``). Writes
 ``benchmarks/results/triton_tma_resources.json`` with a fingerprint of the kernel's source
 (:func:`kernel_fingerprint`); ``tests/test_triton_tma.py`` checks the fingerprint and every row.
 
-    python benchmarks/triton_tma_resources.py            # 80 compiles, ~2-5 s each here
+    python benchmarks/triton_tma_resources.py            # 143 compiles, ~2-5 s each here
 """
 
 from __future__ import annotations
@@ -166,6 +168,12 @@ def compile_job(job: tuple, warp_specialize: bool = False) -> dict:
     return row
 
 
+#: The tutorial's Hopper space, scanned to pick the candidates: fp16, causal (its masked loop is the heavier),
+#: L = 16384, BLOCK_M in {64, 128}, BLOCK_N in {32, 64, 128} dividing it, 4 and 8 warps, 2-4 stages.
+SCAN = [("float16", E, True, 16384, (bm, bn, w, st)) for E in HEAD_DIMS for bm in (128, 64) for bn in (128, 64, 32)
+        if bm % bn == 0 for w in (8, 4) for st in (2, 3, 4)]
+
+
 #: Launch shapes compiled once more with ``WARP_SPECIALIZE=True`` (``tl.range(..., warp_specialize=True)``):
 #: does Triton's Hopper pass partition this loop? (The tutorial turns it on in its tests on Blackwell only.)
 WS_PROBES = [("float16", 128, True, 16384, (128, 64, 8, 3)), ("float16", 128, True, 16384, (128, 32, 4, 3)),
@@ -202,6 +210,15 @@ def warp_specialize_probe() -> list:
     return out
 
 
+def scan() -> list:
+    """Every shape of :data:`SCAN` compiled (the evidence behind ``triton_flash_tma.CANDIDATES``)."""
+    rows = []
+    for i, job in enumerate(SCAN, 1):
+        rows.append(compile_job(job))
+        print(f"[scan {i}/{len(SCAN)}] {rows[-1]}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT)
@@ -230,7 +247,7 @@ def main(argv=None) -> int:
                        "B": B, "Hq": H, "H": H, "date": datetime.date.today().isoformat(),
                        "what": "sm_90 compile of triton_flash_tma._attn_fwd_tma on a CPU (no GPU): ptxas -v, "
                                "PTX and cuobjdump -sass instruction counts; no timing"},
-              "rows": rows, "warp_specialize_probe": warp_specialize_probe()}
+              "rows": rows, "warp_specialize_probe": warp_specialize_probe(), "candidate_scan": scan()}
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out} ({len(rows)} rows)")
     return 0

@@ -298,3 +298,21 @@ def test_warp_specialisation_probe_matches_the_docstring(report: dict) -> None:
         assert p["warp_specialize_ops"] == 0, p
         same = launched[tuple(_job(p)[:4] + [tuple(_job(p)[4])])]
         assert {k: p[k] for k in MEASURED} == {k: same[k] for k in MEASURED}
+
+
+def test_candidates_come_from_the_scan_of_the_tutorial_space(report: dict) -> None:
+    """Each candidate compiled without spilling and within shared memory in ``candidate_scan`` (fp16, causal,
+    L = 16384), and keeps the tutorial's Hopper rule (8 warps only for a 128 x 128 tile) but the one exception
+    the module names, (128, 64, 8, 3) at E = 128."""
+    from attention_core.backends import triton_flash_tma
+
+    scanned = {(r["E"], (r["BLOCK_M"], r["BLOCK_N"], r["num_warps"], r["num_stages"])): r
+               for r in report["candidate_scan"]}
+    outside_rule = set()
+    for E, shapes in triton_flash_tma.CANDIDATES.items():
+        for shape in shapes:
+            r = scanned[(E, shape)]
+            assert r["spill_stores"] + r["spill_loads"] == 0 and r["shared_bytes"] <= SHARED_LIMIT, r
+            if shape[2] == 8 and shape[0] * shape[1] < 128 * 128:
+                outside_rule.add((E, shape))
+    assert outside_rule == {(128, (128, 64, 8, 3))}
