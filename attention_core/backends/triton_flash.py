@@ -38,6 +38,8 @@ dims up to 128, zero-padded to a power of two >= 16. GQA: query head ``h`` reads
 What the kernels cost on a GPU (registers, spills, shared memory, tensor-core instructions per config) is
 measured on the CPU by :mod:`attention_core.backends.triton_inspect` (``benchmarks/triton_resources.py``).
 On sm_75 (Turing: Colab's T4) Triton compiles ``tl.dot`` without tensor cores: the kernels run, slowly.
+On sm_90 (Hopper) the forward of the inputs :func:`attention_core.backends.triton_flash_tma.use_tma` covers
+runs that module's kernel instead, which moves tiles with tensor descriptors (TMA); the backward is this one.
 
 ``TRITON_INTERPRET=1`` must be set before this module is imported (``@triton.jit`` reads it when the kernels
 are defined). Without a GPU driver only one autotune config can run, so the interpreter gets one fixed block
