@@ -13,6 +13,9 @@ one JSON line: name -> {"ok", "detail"}. Each case draws inputs (seed in the det
 
 bfloat16 cannot be checked here: the interpreter's bfloat16 ``tl.dot`` returns garbage (its case reports the
 error and is skipped); the descriptor loads of bfloat16 are checked exactly (``bf16_descriptor_load``).
+``causal_reads_no_key_past_the_diagonal``: with NaN keys and values after position 128, the causal rows before
+128 are bit-identical to a run without those keys (a kernel that loaded a tile past its diagonal would spread
+the NaN through ``P @ V`` even where the mask zeroes ``P``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ CASES = {
     "fp16_E64_full_L128_S384_scale0.3": ((64, 128), (1, 2, 2, 128, 384, 64, False, "float16", 0.3)),
     "bf16_E64_causal_L128_b64x64": ((64, 64), (1, 2, 2, 128, 128, 64, True, "bfloat16", None)),
 }
-EXTRA = ["bf16_descriptor_load"]
+EXTRA = ["bf16_descriptor_load", "causal_reads_no_key_past_the_diagonal"]
 NAMES = list(CASES) + EXTRA
 
 #: out: relative to max|ref| (fp16 output rounding ~5e-4, fp16 probabilities in the P @ V dot);
@@ -107,6 +110,17 @@ def run_extra(name: str, seed: int) -> dict:
         copy[(1,)](TensorDescriptor(x, [64, 32], [32, 1], [32, 32]), out, N=32)
         err = float((out - x[32:].float()).abs().max())
         return {"ok": err == 0.0, "detail": f"seed={seed} max error {err}"}
+    if name == "causal_reads_no_key_past_the_diagonal":  # the causal skip: keys after a tile's last query unread
+        from attention_core.backends import triton_flash_tma
+
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(1, 2, 256, 64, generator=g).to(torch.float16) for _ in range(3))
+        k[:, :, 128:], v[:, :, 128:] = float("nan"), float("nan")  # poison: keys 128.. would spread NaN
+        out, lse = triton_flash_tma.flash_attention_forward_tma(q, k, v, 0.125, True, block=(64, 64))
+        first = [t[:, :, :128].contiguous() for t in (q, k, v)]  # (1, 2, 256, 64) -> (1, 2, 128, 64)
+        ref, ref_lse = triton_flash_tma.flash_attention_forward_tma(*first, 0.125, True, block=(64, 64))
+        same = bool(torch.equal(out[:, :, :128], ref)) and bool(torch.equal(lse[:, :, :128], ref_lse))
+        return {"ok": same, "detail": f"seed={seed} rows 0..127 equal to the run without keys 128..: {same}"}
     raise KeyError(name)
 
 
