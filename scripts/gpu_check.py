@@ -440,8 +440,8 @@ def summary(report: dict) -> List[str]:
                              f"{p['ms'].get('torch', float('nan')):9.2f} {r.get('triton', float('nan')):7.2f} "
                              f"{p.get('triton_forward_kernel', '?')[:7]:>7s} "
                              f"{r.get('triton-pointer', float('nan')):5.2f} {r.get('cuda', float('nan')):7.2f}")
-        lines.append("    (triton: its forward kernel, tma or pointer; ptr: the pointer kernel's speed at fwd points "
-                     "that ran tma, L = 16384)")
+        lines.append("    (kernel: the Triton forward that ran, tma or pointer; ptr: the pointer kernel's speed at "
+                     "fwd points that ran tma, L = 16384)")
         for row in a["cuda_level1"]:
             if "ms" in row:
                 lines.append(f"    cuda level 1 fp32 L=4096 causal={row['causal']}: {row['ms']['cuda']:.2f} ms, "
