@@ -283,6 +283,9 @@ def _time_pointer_kernel(ba, c) -> float:
 def run_attention(cap: float) -> dict:
     import torch
 
+    from attention_core.backends import triton_flash_tma
+
+    triton_flash_tma.ENABLED = True  # off by default until this check has run it: time it (and the pointer kernel)
     ba = _bench_module()
     t0, points, skipped = time.perf_counter(), [], []
     grid = attention_grid()

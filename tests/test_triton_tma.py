@@ -94,6 +94,18 @@ def test_sm90_routes_the_covered_inputs(tma) -> None:
     assert _routed(tma, *_qkv(), window=256)  # a window as wide as the sequence hides nothing: plain causal
 
 
+def test_the_route_is_off_unless_switched_on() -> None:
+    """Until the kernel has run on a GPU, sm_90 calls keep the pointer kernel unless AC_TRITON_TMA=1 is set
+    before the module is imported."""
+    code = "from attention_core.backends import triton_flash_tma as t; print(t.ENABLED)"
+    for value, want in ((None, "False"), ("0", "False"), ("1", "True")):
+        env = {k: v for k, v in os.environ.items() if k != "AC_TRITON_TMA"}
+        if value is not None:
+            env["AC_TRITON_TMA"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want, (value, out.stdout, out.stderr)
+
+
 def test_other_gpus_are_not_routed(tma) -> None:
     for capability in ((8, 0), (7, 5), (8, 9), (9, 1), (10, 0), None):
         tma.fake["capability"] = capability
@@ -254,10 +266,13 @@ sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device
     (torch.float16, 8, 2, 512, 1536, 64, True),
     (torch.bfloat16, 4, 4, 1536, 512, 128, True),
 ])
-def test_gpu_tma_matches_the_pointer_kernel_and_the_reference(dtype, Hq, H, L, S, E, is_causal) -> None:
-    """On sm_90: routed, and out, lse and the gradients (triton_flash's backward) agree with the pointer kernel
-    and the float64 reference; the favoured candidate of the head dim only (no autotuning in a test)."""
+def test_gpu_tma_matches_the_pointer_kernel_and_the_reference(dtype, Hq, H, L, S, E, is_causal,
+                                                               monkeypatch) -> None:
+    """On sm_90: routed (once switched on), and out, lse and the gradients (triton_flash's backward) agree with the
+    pointer kernel and the float64 reference; the favoured candidate of the head dim only (no autotuning)."""
     from attention_core.backends import reference, triton_flash, triton_flash_tma
+
+    monkeypatch.setattr(triton_flash_tma, "ENABLED", True)
 
     q, k, v = (torch.randn(2, h, n, E, device="cuda", dtype=dtype) for h, n in ((Hq, L), (H, S), (H, S)))
     left, right = triton_flash.window_bounds(L, S, is_causal, None)

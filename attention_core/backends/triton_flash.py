@@ -38,8 +38,9 @@ dims up to 128, zero-padded to a power of two >= 16. GQA: query head ``h`` reads
 What the kernels cost on a GPU (registers, spills, shared memory, tensor-core instructions per config) is
 measured on the CPU by :mod:`attention_core.backends.triton_inspect` (``benchmarks/triton_resources.py``).
 On sm_75 (Turing: Colab's T4) Triton compiles ``tl.dot`` without tensor cores: the kernels run, slowly.
-On sm_90 (Hopper) the forward of the inputs :func:`attention_core.backends.triton_flash_tma.use_tma` covers
-runs that module's kernel instead, which moves tiles with tensor descriptors (TMA); the backward is this one.
+On sm_90 (Hopper), once switched on (``AC_TRITON_TMA=1``; off by default until it has run on a GPU), the forward
+of the inputs :func:`attention_core.backends.triton_flash_tma.use_tma` covers runs that module's kernel instead,
+which moves tiles with tensor descriptors (TMA); the backward is this one.
 
 ``TRITON_INTERPRET=1`` must be set before this module is imported (``@triton.jit`` reads it when the kernels
 are defined). Without a GPU driver only one autotune config can run, so the interpreter gets one fixed block
@@ -698,7 +699,8 @@ def flash_attention_forward(
     """Launch the forward kernel on checked inputs; returns ``out`` (B, Hq, L, Ev) and ``lse`` (B, Hq, L).
 
     On an sm_90 GPU, inputs that :func:`attention_core.backends.triton_flash_tma.use_tma` accepts run the
-    tensor-descriptor (TMA) kernel of that module instead (same outputs); everything else runs ``_attn_fwd``.
+    tensor-descriptor (TMA) kernel of that module instead (same outputs) once it is switched on (off by
+    default); everything else runs ``_attn_fwd``.
 
     ``lse`` is the natural-log log-sum-exp of each row's visible scaled scores, float32; ``-inf`` (and an
     output row of zeros) where a row sees no key.

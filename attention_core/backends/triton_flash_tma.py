@@ -23,7 +23,8 @@ instructions) or fails in its warp-specialisation pass (4 warps): the ``warp_spe
 Because a box never stops at a head's edge in that 2-D view, a tile must not straddle two heads: the kernel
 covers lengths ``L`` and ``S`` that are multiples of 128 (every tile), float16/bfloat16, ``E == Ev`` in
 {64, 128}, causal or not (no window), GQA, contiguous tensors. :func:`use_tma` is the one rule that sends a
-call here, and only on an sm_90 device; everything else runs ``triton_flash``'s pointer kernel, and the
+call here, and only on an sm_90 device and once switched on (:data:`ENABLED`, off by default until the kernel
+has run on a GPU); everything else runs ``triton_flash``'s pointer kernel, and the
 backward is always ``triton_flash``'s (it reads this kernel's ``lse``, natural log, float32, (B, Hq, L)).
 
 What it compiles to on sm_90 (registers, spills, wgmma and TMA instruction counts) is recorded by
@@ -55,8 +56,10 @@ __all__ = ["CANDIDATES", "ENABLED", "HEAD_DIMS", "ROW_MULTIPLE", "flash_attentio
 #: Read once, as ``@triton.jit`` does.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-#: Set to False to send every call to the pointer kernel (e.g. to time both on one GPU).
-ENABLED = True
+#: Off unless ``AC_TRITON_TMA=1`` is in the environment when this module is imported, or set to True: the
+#: kernel has been interpreted (float16) and compiled for sm_90 but has not yet run on a GPU. ``make gpu-check``
+#: switches it on for its benchmark and its tests, and times the pointer kernel beside it.
+ENABLED = os.environ.get("AC_TRITON_TMA", "0") == "1"
 
 #: Head dims the kernel covers (E == Ev).
 HEAD_DIMS = (64, 128)
@@ -190,7 +193,8 @@ def use_tma(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, left: i
     bfloat16, ``E == Ev`` in {64, 128}, the full or causal mask (``left``/``right`` as
     :func:`~attention_core.backends.triton_flash.window_bounds` gives them: a window that hides a pair is
     not covered), ``L`` and ``S`` positive multiples of 128, contiguous 16-byte-aligned tensors, and fewer
-    than 2^31 rows in each 2-D view. Anything else keeps the pointer kernel.
+    than 2^31 rows in each 2-D view, and only while :data:`ENABLED` (off by default). Anything else keeps the
+    pointer kernel.
     """
     B, Hq, L, E = query.shape
     H, S, Ev = key.shape[1], key.shape[2], value.shape[3]
