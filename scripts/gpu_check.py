@@ -11,6 +11,9 @@ stops, and the JSON lists what it did not get to):
       on this machine is recorded as ``missing-module``, not as a failure of the book);
   (c) the attention benchmark (``benchmarks/bench_attention.py``'s providers and timing, ``do_bench``
       medians): ``triton`` and ``cuda`` (forward only; its backward is the reference's) against torch SDPA,
+      each point saying which Triton forward kernel ran (``triton_forward_kernel``: ``tma``, the tensor-
+      descriptor kernel of ``triton_flash_tma`` on sm_90, or ``pointer``), and at the forward points of
+      L = 16384 that ran ``tma`` the pointer kernel timed too (``triton-pointer``),
       fwd and fwd+bwd, float16 and bfloat16, D = 64 and 128, L = 1k ... 16k, causal and not, B = 4, H = 8,
       the issue's point first (fwd+bwd, L = 16384, fp16, D = 128, causal); the CUDA kernels' level 1
       (float32) at L = 4096; then the Triton flex kernel against torch's compiled FlexAttention
@@ -250,9 +253,39 @@ def _time(call: Callable[[], object]) -> float:
     return float(do_bench(call, warmup=10, rep=40, return_mode="median"))
 
 
+def triton_forward_kernel(dtype: str, E: int, causal: bool, L: int, device: str = "cuda") -> str:
+    """Which forward kernel ``triton_flash`` runs at this point: ``"tma"`` (``triton_flash_tma``, sm_90 and the
+    shapes ``use_tma`` covers) or ``"pointer"`` (``_attn_fwd``); ``"unknown: ..."`` if that cannot be told."""
+    import torch
+
+    try:
+        from attention_core.backends import triton_flash, triton_flash_tma
+
+        q, k, v = (torch.empty(B, H, L, E, dtype=getattr(torch, dtype), device=device) for _ in range(3))
+        routed = triton_flash_tma.use_tma(q, k, v, *triton_flash.window_bounds(L, L, causal, None))
+        return "tma" if routed else "pointer"
+    except Exception as err:  # noqa: BLE001  (no Triton here, say: the timing still stands)
+        return f"unknown: {type(err).__name__}: {str(err)[:100]}"
+
+
+def _time_pointer_kernel(ba, c) -> float:
+    """The forward with the TMA route switched off (``triton_flash_tma.ENABLED``): the pointer kernel's time."""
+    from attention_core.backends import triton_flash_tma
+
+    saved = triton_flash_tma.ENABLED
+    triton_flash_tma.ENABLED = False
+    try:
+        return _time(ba.make_call(c, "cuda"))
+    finally:
+        triton_flash_tma.ENABLED = saved
+
+
 def run_attention(cap: float) -> dict:
     import torch
 
+    from attention_core.backends import triton_flash_tma
+
+    triton_flash_tma.ENABLED = True  # off by default until this check has run it: time it (and the pointer kernel)
     ba = _bench_module()
     t0, points, skipped = time.perf_counter(), [], []
     grid = attention_grid()
@@ -271,6 +304,14 @@ def run_attention(cap: float) -> dict:
             except Exception as err:  # noqa: BLE001  (unsupported shape, OOM, a compile error: recorded)
                 point["notes"][provider] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 torch.cuda.empty_cache()
+        # which Triton forward ran (both directions start with it): "tma" on sm_90 at the shapes it covers
+        point["triton_forward_kernel"] = triton_forward_kernel(dtype, E, causal, L)
+        if point["triton_forward_kernel"] == "tma" and mode == "fwd" and L == max(LENGTHS) and "triton" in point["ms"]:
+            try:  # the pointer kernel at the same point, for the comparison of the two kernels
+                point["ms"]["triton-pointer"] = _time_pointer_kernel(ba, ba.Config("triton", mode, B, H, L, E, dtype,
+                                                                                   causal))
+            except Exception as err:  # noqa: BLE001
+                point["notes"]["triton-pointer"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
         fl = ba.flops(ba.Config("torch", mode, B, H, L, E, dtype, causal))
         point["tflops"] = {p: fl / (ms * 1e-3) / 1e12 for p, ms in point["ms"].items()}
         if "torch" in point["ms"]:
@@ -394,13 +435,16 @@ def summary(report: dict) -> List[str]:
         lines.append(f"(c) attention, B={a['B']} H={a['H']}: {len(a['points'])} shapes in {a['seconds']} s "
                      f"({len(a['skipped_by_budget'])} not run); speed vs torch SDPA (torch ms / ms):")
         lines.append(f"    {'mode':7s} {'dtype':8s} {'E':>3s} {'causal':6s} {'L':>5s} {'torch ms':>9s} "
-                     f"{'triton':>7s} {'cuda':>7s}")
+                     f"{'triton':>7s} {'kernel':>7s} {'ptr':>5s} {'cuda':>7s}")
         for p in a["points"]:
             if p["L"] in (4096, 16384) and p["E"] == 128 or p is a["points"][0]:
                 r = p.get("speed_vs_torch", {})
                 lines.append(f"    {p['mode']:7s} {p['dtype']:8s} {p['E']:3d} {p['causal']!s:6s} {p['L']:5d} "
                              f"{p['ms'].get('torch', float('nan')):9.2f} {r.get('triton', float('nan')):7.2f} "
-                             f"{r.get('cuda', float('nan')):7.2f}")
+                             f"{p.get('triton_forward_kernel', '?')[:7]:>7s} "
+                             f"{r.get('triton-pointer', float('nan')):5.2f} {r.get('cuda', float('nan')):7.2f}")
+        lines.append("    (kernel: the Triton forward that ran, tma or pointer; ptr: the pointer kernel's speed at "
+                     "fwd points that ran tma, L = 16384)")
         for row in a["cuda_level1"]:
             if "ms" in row:
                 lines.append(f"    cuda level 1 fp32 L=4096 causal={row['causal']}: {row['ms']['cuda']:.2f} ms, "

@@ -38,6 +38,9 @@ dims up to 128, zero-padded to a power of two >= 16. GQA: query head ``h`` reads
 What the kernels cost on a GPU (registers, spills, shared memory, tensor-core instructions per config) is
 measured on the CPU by :mod:`attention_core.backends.triton_inspect` (``benchmarks/triton_resources.py``).
 On sm_75 (Turing: Colab's T4) Triton compiles ``tl.dot`` without tensor cores: the kernels run, slowly.
+On sm_90 (Hopper), once switched on (``AC_TRITON_TMA=1``; off by default until it has run on a GPU), the forward
+of the inputs :func:`attention_core.backends.triton_flash_tma.use_tma` covers runs that module's kernel instead,
+which moves tiles with tensor descriptors (TMA); the backward is this one.
 
 ``TRITON_INTERPRET=1`` must be set before this module is imported (``@triton.jit`` reads it when the kernels
 are defined). Without a GPU driver only one autotune config can run, so the interpreter gets one fixed block
@@ -695,12 +698,21 @@ def flash_attention_forward(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel on checked inputs; returns ``out`` (B, Hq, L, Ev) and ``lse`` (B, Hq, L).
 
+    On an sm_90 GPU, inputs that :func:`attention_core.backends.triton_flash_tma.use_tma` accepts run the
+    tensor-descriptor (TMA) kernel of that module instead (same outputs) once it is switched on (off by
+    default); everything else runs ``_attn_fwd``.
+
     ``lse`` is the natural-log log-sum-exp of each row's visible scaled scores, float32; ``-inf`` (and an
     output row of zeros) where a row sees no key.
     """
     B, Hq, L, E = query.shape
     H, S, Ev = key.shape[1], key.shape[2], value.shape[3]
     _check_grid(B, Hq, H)
+    from attention_core.backends import triton_flash_tma  # (imported here: it imports this module)
+
+    if triton_flash_tma.use_tma(query, key, value, left, right):  # sm_90, covered shapes: TMA loads/stores
+        return triton_flash_tma.flash_attention_forward_tma(query, key, value, scale,
+                                                            mask_mode(L, S, left, right) == CAUSAL)
     out = _alloc((B, Hq, L, Ev), query.dtype, query.device)
     lse = _alloc((B, Hq, L), torch.float32, query.device)
     if out.numel() == 0 or S == 0:  # nothing to launch; no keys at all means every row is fully masked
