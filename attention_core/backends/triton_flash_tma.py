@@ -23,7 +23,7 @@ instructions) or fails in its warp-specialisation pass (4 warps): the ``warp_spe
 Because a box never stops at a head's edge in that 2-D view, a tile must not straddle two heads: the kernel
 covers lengths ``L`` and ``S`` that are multiples of 128 (every tile), float16/bfloat16, ``E == Ev`` in
 {64, 128}, causal or not (no window), GQA, contiguous tensors. :func:`use_tma` is the one rule that sends a
-call here, and only on an sm_90 device and once switched on (:data:`ENABLED`, off by default until the kernel
+call here, and only on an sm_90 device and once switched on (``ENABLED``, off by default until the kernel
 has run on a GPU); everything else runs ``triton_flash``'s pointer kernel, and the
 backward is always ``triton_flash``'s (it reads this kernel's ``lse``, natural log, float32, (B, Hq, L)).
 
@@ -191,9 +191,9 @@ def use_tma(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, left: i
 
     Only on an sm_90 device (capability (9, 0)), with Triton's tensor descriptors available, for float16 or
     bfloat16, ``E == Ev`` in {64, 128}, the full or causal mask (``left``/``right`` as
-    :func:`~attention_core.backends.triton_flash.window_bounds` gives them: a window that hides a pair is
+    ``triton_flash.window_bounds`` gives them: a window that hides a pair is
     not covered), ``L`` and ``S`` positive multiples of 128, contiguous 16-byte-aligned tensors, and fewer
-    than 2^31 rows in each 2-D view, and only while :data:`ENABLED` (off by default). Anything else keeps the
+    than 2^31 rows in each 2-D view, and only while ``ENABLED`` (off by default). Anything else keeps the
     pointer kernel.
     """
     B, Hq, L, E = query.shape
