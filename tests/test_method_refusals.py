@@ -43,6 +43,7 @@ def _raises(call, exc, *words):
     ("w", {"file": 3, "recipe": {}}, ValueError, ("'file' = 3",)),
     ("w", {"file": "w.pt", "recipe": "r"}, ValueError, ("'recipe' = 'r'",)),
     ("w", {"file": "w.pt", "recipe": {}, "sha256": 5}, ValueError, ("'sha256' = 5",)),
+    ("w", {"file": "w.pt", "recipe": {"steps": {1, 2}}}, TypeError, ("'w'", "JSON", "set")),
 ])
 def test_record_in_manifest_refuses_before_writing(tmp_path, name, entry, exc, words):
     record_in_manifest(tmp_path, "kept", {"file": "kept.pt", "recipe": {}})

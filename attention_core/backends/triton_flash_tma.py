@@ -193,8 +193,9 @@ def use_tma(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, left: i
     bfloat16, ``E == Ev`` in {64, 128}, the full or causal mask (``left``/``right`` as
     ``triton_flash.window_bounds`` gives them: a window that hides a pair is
     not covered), ``L`` and ``S`` positive multiples of 128, contiguous 16-byte-aligned tensors, and fewer
-    than 2^31 rows in each 2-D view, and only while ``ENABLED`` (off by default). Anything else keeps the
-    pointer kernel.
+    than 2^31 rows in each 2-D view, at least one (batch, head) pair, and only while ``ENABLED`` (off by
+    default). Anything else keeps the pointer kernel. The inputs are not checked here: ``flash_attention`` and
+    the ``triton`` backend check them before they ask.
     """
     B, Hq, L, E = query.shape
     H, S, Ev = key.shape[1], key.shape[2], value.shape[3]

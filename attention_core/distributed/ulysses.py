@@ -6,9 +6,9 @@ with the kernel ``backend=`` names); a last all-to-all on the output gives every
 back, all heads. The paper counts two all-to-alls per layer, q, k and v together in the first; this code makes
 four all-to-alls in the forward pass, one each for q, k, v and the output (the same bytes as the paper's two),
 and their mirror images in the backward; each is a batch of point-to-point messages, one to and one from every
-other rank (the way NCCL's point-to-point guide writes an all-to-all; with gloo, a rank's memory then does not
-depend on when a worker thread lets go of a collective's buffers). P cannot exceed the number of key/value heads:
-every rank needs whole heads.
+other rank whose share is not empty (the way NCCL's point-to-point guide writes an all-to-all; with gloo, a
+rank's memory then does not depend on when a worker thread lets go of a collective's buffers). P cannot exceed
+the number of key/value heads: every rank needs whole heads.
 """
 
 from __future__ import annotations

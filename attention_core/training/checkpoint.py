@@ -253,6 +253,7 @@ def record_in_manifest(directory: PathLike, name: str, entry: Dict[str, Any]) ->
         TypeError: ``name`` is not a str or ``entry`` is not a dict (checked before anything is written).
         ValueError: ``name`` is empty, or ``entry`` is not one :func:`read_manifest` would accept: it must have
             ``"file"`` (a str) and ``"recipe"`` (a dict), and ``"sha256"``, if present, must be a str or None.
+        TypeError: also when ``entry`` holds a value JSON cannot (a set, a tensor).
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a non-empty str (the recipe's name), got {type(name).__name__} "
@@ -266,6 +267,10 @@ def record_in_manifest(directory: PathLike, name: str, entry: Dict[str, Any]) ->
     if problems:
         raise ValueError(f"entry for {name!r} {'; '.join(problems)} (expected 'file' a str, 'sha256' a str or null, "
                          "'recipe' a dict): read_manifest would refuse the manifest")
+    try:
+        json.dumps(entry)
+    except (TypeError, ValueError) as err:  # a value JSON cannot hold: a set, a tensor
+        raise TypeError(f"entry for {name!r} must hold only what JSON can: {err}") from None
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     lock = os.open(directory, os.O_RDONLY)  # the folder is the lock: the manifest file itself gets replaced
