@@ -162,8 +162,8 @@ def unshard(x_local: torch.Tensor, dim: int, layout: str = "zigzag", group: Opti
     pad[dim] = longest
     buf = x_local.new_zeros(pad)
     buf.narrow(dim, 0, lengths[rank]).copy_(x_local)
-    pieces = [torch.empty_like(buf) for _ in range(P)]
-    dist.all_gather(pieces, buf, group=group)
+    pieces = [buf if r == rank else torch.empty_like(buf) for r in range(P)]
+    exchange([buf] * P, pieces, group)
     shape = list(x_local.shape)
     shape[dim] = L
     out = x_local.new_empty(shape)

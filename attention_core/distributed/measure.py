@@ -44,6 +44,11 @@ class PeakTensorMemory(TorchDispatchMode):
         self._gc_was_enabled = False
 
     def __enter__(self):
+        # The first operation a dispatch mode sees in a process imports torch._dynamo, and that import leaves
+        # reference cycles that hold the frames running at the time, their tensors too, until the cycle collector
+        # runs: a first block would count them. Import it here, before the collection, so that no block is a first.
+        import torch._dynamo  # noqa: F401
+
         # Python's cycle collector runs when its allocation counters say so, which differs from run to run; a
         # tensor in a reference cycle would die at a different moment each time. Collect first, then not inside.
         gc.collect()
