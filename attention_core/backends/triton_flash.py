@@ -78,6 +78,7 @@ from attention_core.backends.triton_configs import (  # noqa: F401  (re-exported
     prune_for,
     shape_of,
 )
+from attention_core.backends.triton_modes import CAUSAL, FULL, WINDOW, mask_mode  # noqa: F401  (MODE codes)
 
 __all__ = [
     "GQA_SPLIT",
@@ -106,8 +107,6 @@ GQA_SPLIT: Optional[int] = None
 LOG2E = 1.4426950408889634  # 1 / ln(2)
 LN2 = 0.6931471805599453
 
-#: ``MODE``: which pairs are visible (see the module docstring).
-FULL, CAUSAL, WINDOW = 0, 1, 2
 
 
 # --------------------------------------------------------------------------------------------- jit kernels
@@ -623,19 +622,6 @@ def window_bounds(L: int, S: int, is_causal: bool, window: Optional[int]) -> Tup
     if is_causal:
         return window - 1, 0
     return window // 2, window // 2
-
-
-def mask_mode(L: int, S: int, left: int, right: int) -> int:
-    """:data:`FULL` when no bound hides a pair, :data:`CAUSAL` for ``j <= i`` alone, else :data:`WINDOW`.
-
-    A bound hides nothing when it lies beyond every position: ``left >= L - 1`` (``i - left <= 0 <= j``),
-    ``right >= S - 1`` (``j <= S - 1 <= i + right``). So a window wider than the sequence costs nothing.
-    """
-    if left >= L - 1 and right >= S - 1:
-        return FULL
-    if left >= L - 1 and right == 0:
-        return CAUSAL
-    return WINDOW
 
 
 def _mode_constexprs(L: int, S: int, E: int, Ev: int, left: int, right: int, dtype: object) -> Dict[str, object]:

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_core.backends.triton_flash import CAUSAL, FULL, mask_mode
+from attention_core.backends.triton_modes import CAUSAL, FULL, mask_mode
 
 try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
