@@ -110,7 +110,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_c
                       scale: Optional[float] = None, layout: str = "contiguous",
                       group: Optional[dist.ProcessGroup] = None, stats: Optional[CommStats] = None,
                       backend: Optional[str] = None) -> torch.Tensor:
-    """This rank's shard of ``scaled_dot_product_attention`` on the whole sequence, by two all-to-alls.
+    """This rank's shard of ``scaled_dot_product_attention`` on the whole sequence, by all-to-alls (four in the
+    forward pass: q, k, v, then the output).
 
     Args:
         q: (B, Hq, L_local, E); k: (B, H, S_local, E); v: (B, H, S_local, Ev); ``Hq`` a multiple of ``H``,

@@ -250,10 +250,10 @@ def record_in_manifest(directory: PathLike, name: str, entry: Dict[str, Any]) ->
     recipes into one folder at the same time, and each re-reads the manifest before writing it.
 
     Raises:
-        TypeError: ``name`` is not a str or ``entry`` is not a dict (checked before anything is written).
+        TypeError: ``name`` is not a str, ``entry`` is not a dict, or ``entry`` holds a value ``json.dumps``
+            refuses (a set, a tensor); all checked before anything is written.
         ValueError: ``name`` is empty, or ``entry`` is not one :func:`read_manifest` would accept: it must have
             ``"file"`` (a str) and ``"recipe"`` (a dict), and ``"sha256"``, if present, must be a str or None.
-        TypeError: also when ``entry`` holds a value JSON cannot (a set, a tensor).
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a non-empty str (the recipe's name), got {type(name).__name__} "
