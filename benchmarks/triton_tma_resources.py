@@ -28,18 +28,14 @@ each at every autotune candidate of its head dim (``triton_flash_tma.CANDIDATES`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import hashlib
 import inspect
-import io
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +56,6 @@ _PATTERNS = {
     "utmaldg": (r"\bUTMALDG\b", "sass"),
     "utmastg": (r"\bUTMASTG\b", "sass"),
 }
-_SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_REGS_RE = re.compile(r"Used (\d+) registers")
 
 
 def _module():
@@ -120,47 +114,18 @@ def _signature(fn, dtype: str, E: int, causal: bool, L: int, shape: tuple, warp_
     return signature, constexprs, attrs
 
 
-def _tool(name: str) -> str:
-    import triton
-
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
-
-
 def compile_job(job: tuple, warp_specialize: bool = False) -> dict:
     """Compile one launch shape for sm_90 from scratch (no Triton cache) and read its resources."""
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from attention_core.backends.triton_inspect import compile_for
 
     dtype, E, causal, L, shape = job
     fn = _module()._attn_fwd_tma
     signature, constexprs, attrs = _signature(fn, dtype, E, causal, L, shape, warp_specialize)
-    log = io.StringIO()
     row = {"dtype": dtype, "E": E, "causal": causal, "L": L, "S": L, "BLOCK_M": shape[0], "BLOCK_N": shape[1],
            "num_warps": shape[2], "num_stages": shape[3]}
-    with tempfile.TemporaryDirectory() as tmp:
-        with knobs.cache.scope(), knobs.compilation.scope(), knobs.nvidia.scope():
-            knobs.cache.dir = tmp
-            knobs.compilation.always_compile = True
-            knobs.nvidia.dump_ptxas_log = True
-            start = time.perf_counter()
-            with contextlib.redirect_stdout(log):
-                compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                                          target=GPUTarget("cuda", ARCH, 32),
-                                          options={"num_warps": shape[2], "num_stages": shape[3]})
-            row["compile_s"] = round(time.perf_counter() - start, 1)
-        cubin = os.path.join(tmp, "kernel.cubin")
-        with open(cubin, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True,
-                              check=True).stdout
-    text = log.getvalue()
-    regs, spill = _REGS_RE.search(text), _SPILL_RE.search(text)
-    if regs is None or spill is None:
-        raise RuntimeError(f"could not read the ptxas log for {job}:\n{text[-2000:]}")
-    row.update(registers=int(regs.group(1)), stack_bytes=int(spill.group(1)), spill_stores=int(spill.group(2)),
-               spill_loads=int(spill.group(3)), shared_bytes=int(compiled.metadata.shared))
+    compiled, sass, found, seconds = compile_for(fn, signature, constexprs, attrs, arch=ARCH, num_warps=shape[2],
+                                                 num_stages=shape[3])
+    row.update(compile_s=round(seconds, 1), **found)
     asm = {"ptx": compiled.asm["ptx"], "sass": sass}
     for name, (pattern, where) in _PATTERNS.items():
         row[name] = len(re.findall(pattern, asm[where]))

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 __all__ = ["ARCHS", "KERNELS", "KernelResources", "candidates_fingerprint", "compile_kernel",
            "compile_resources", "kernel_configs",
@@ -203,20 +203,20 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_resources(fn, values: Dict[str, Any], *, arch: int, num_warps: int, num_stages: int) -> Dict[str, Any]:
-    """Compile the ``@triton.jit`` function ``fn`` for ``sm_<arch>`` with the launch arguments ``values``
-    (specialised by :func:`_signature`) and read its resources from ``ptxas -v`` and the SASS.
+def compile_for(fn, signature: Dict[str, Any], constexprs: Dict[Any, Any], attrs: Dict[Any, Any], *, arch: int,
+                num_warps: int, num_stages: int) -> Tuple[Any, str, Dict[str, int], float]:
+    """Compile the ``@triton.jit`` function ``fn`` for ``sm_<arch>`` from scratch (Triton's on-disk cache is
+    bypassed, so a number can never come from an older version of the kernel).
 
-    Compiles from scratch every time (Triton's on-disk cache is bypassed), so a number can never come from
-    an older version of the kernel. Returns ``registers``, ``stack_bytes``, ``spill_stores``, ``spill_loads``,
-    ``shared_bytes``, ``hgmma``, ``hmma`` (tensor-core instructions in the SASS) and ``compile_s``.
+    Returns ``(compiled, sass, resources, seconds)``: Triton's compiled kernel (its ``asm`` holds the PTX and
+    the other stages), the SASS from ``cuobjdump``, ``registers``, ``stack_bytes``, ``spill_stores``,
+    ``spill_loads`` and ``shared_bytes`` read from ``ptxas -v``, and the compile time.
     """
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    signature, constexprs, attrs = _signature(fn, values)
     log = io.StringIO()
     with tempfile.TemporaryDirectory() as tmp:
         with knobs.cache.scope(), knobs.compilation.scope(), knobs.nvidia.scope():
@@ -238,13 +238,27 @@ def compile_resources(fn, values: Dict[str, Any], *, arch: int, num_warps: int, 
     regs, spill = _REGS_RE.search(text), _SPILL_RE.search(text)
     if regs is None or spill is None:
         raise RuntimeError(f"could not read the ptxas log of {fn.__name__} for sm_{arch}:\n{text[-2000:]}")
+    resources = {"registers": int(regs.group(1)), "stack_bytes": int(spill.group(1)),
+                 "spill_stores": int(spill.group(2)), "spill_loads": int(spill.group(3)),
+                 "shared_bytes": int(compiled.metadata.shared)}
+    return compiled, sass, resources, seconds
+
+
+def compile_resources(fn, values: Dict[str, Any], *, arch: int, num_warps: int, num_stages: int) -> Dict[str, Any]:
+    """Compile the ``@triton.jit`` function ``fn`` for ``sm_<arch>`` with the launch arguments ``values``
+    (specialised by :func:`_signature`) and read its resources from ``ptxas -v`` and the SASS
+    (:func:`compile_for`).
+
+    Returns ``registers``, ``stack_bytes``, ``spill_stores``, ``spill_loads``, ``shared_bytes``, ``hgmma``,
+    ``hmma`` (tensor-core instructions in the SASS) and ``compile_s``.
+    """
+    signature, constexprs, attrs = _signature(fn, values)
+    _, sass, found, seconds = compile_for(fn, signature, constexprs, attrs, arch=arch, num_warps=num_warps,
+                                          num_stages=num_stages)
     counts = {"HGMMA": 0, "HMMA": 0}
     for match in _TC_RE.finditer(sass):
         counts[match.group(1)] += 1
-    return {"registers": int(regs.group(1)), "stack_bytes": int(spill.group(1)),
-            "spill_stores": int(spill.group(2)), "spill_loads": int(spill.group(3)),
-            "shared_bytes": int(compiled.metadata.shared), "hgmma": counts["HGMMA"], "hmma": counts["HMMA"],
-            "compile_s": round(seconds, 2)}
+    return {**found, "hgmma": counts["HGMMA"], "hmma": counts["HMMA"], "compile_s": round(seconds, 2)}
 
 
 def compile_kernel(kernel: str, *, arch: int, dtype: str, E: int, causal: bool = True, BLOCK_M: int,
